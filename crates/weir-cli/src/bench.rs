@@ -1,0 +1,220 @@
+//! `weir bench`: figures for the closing notes, one JSON line per scenario.
+//!
+//! - `fixed-cost`: 50 files of 10 rows, one file per trigger: the per-batch overhead.
+//! - `throughput`: 2,000,000 rows in 200 files, 500,000 keys, 20 files per trigger:
+//!   newest row per key (window) then Parquet.
+//! - `delta-merge`: the same files, 1,000,000 keys, MERGE into a Delta table that grows to
+//!   about 865,000 rows (200k-row batches).
+//! - `delta-append`: the same files appended to a Delta table with the transaction.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use weir_core::datafusion::prelude::DataFrame;
+use weir_core::engine::{QueryListener, StreamingQueryProgress};
+use weir_core::{BatchContext, ForeachBatch, ParquetSink, Trigger, WeirSession, dedupe_latest};
+use weir_delta::{DeltaAppend, DeltaMerge};
+
+use crate::generate::{GenArgs, generate, orders_schema};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// fixed-cost, throughput, delta-merge, delta-append, or all.
+    #[arg(long, default_value = "all")]
+    pub scenario: String,
+    /// Work folder (default: a new temp folder).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Scale the row counts down (e.g. 10 for a quick look).
+    #[arg(long, default_value_t = 1)]
+    pub scale_down: usize,
+}
+
+#[derive(Default)]
+struct Collect(Mutex<Vec<StreamingQueryProgress>>);
+
+impl QueryListener for Collect {
+    fn on_query_progress(&self, p: &StreamingQueryProgress) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(p.clone());
+        }
+    }
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+/// Peak resident memory of this process in MB (VmHWM).
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
+        })
+        .map_or(0.0, |kb| (kb / 1024.0 * 10.0).round() / 10.0)
+}
+
+enum Sink {
+    Parquet,
+    Merge,
+    Append,
+}
+
+async fn scenario(
+    name: &str,
+    work: &Path,
+    files: usize,
+    rows_per_file: usize,
+    keys: u64,
+    per_trigger: usize,
+    sink: Sink,
+) -> Result<()> {
+    let dir = work.join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    let input = dir.join("input");
+    generate(&GenArgs {
+        dir: input.clone(),
+        files,
+        rows_per_file,
+        keys,
+        seed: 7,
+        late_ms: 60_000,
+        first_file: 0,
+    })?;
+    let out = dir.join("out");
+    let keys_col = vec!["order_id".to_string()];
+    let f: Arc<dyn ForeachBatch> = match sink {
+        Sink::Parquet => {
+            let parquet = Arc::new(ParquetSink::new(&out));
+            let keys_col = keys_col.clone();
+            Arc::new(move |batch: DataFrame, ctx: BatchContext| {
+                let (parquet, keys_col) = (parquet.clone(), keys_col.clone());
+                async move {
+                    let latest = dedupe_latest(batch, &keys_col, "updated_at")?;
+                    parquet.call(latest, ctx).await
+                }
+            })
+        }
+        Sink::Merge => Arc::new(DeltaMerge::new(&out, keys_col.clone(), "updated_at")),
+        Sink::Append => Arc::new(DeltaAppend::new(&out)),
+    };
+    let collect = Arc::new(Collect::default());
+    let started = Instant::now();
+    let query = WeirSession::new()
+        .read_stream()
+        .files(&input)
+        .schema(orders_schema())
+        .max_files_per_trigger(per_trigger)
+        .load()?
+        .write_stream()
+        .query_name(name)
+        .checkpoint(dir.join("checkpoint"))
+        .trigger(Trigger::AvailableNow)
+        .listener(collect.clone())
+        .foreach_batch_arc(f)
+        .start()
+        .await?;
+    query.await_termination().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let progress = collect.0.lock().map(|v| v.clone()).unwrap_or_default();
+    let rows: u64 = progress.iter().map(|p| p.num_input_rows).sum();
+    if rows != (files * rows_per_file) as u64 {
+        bail!(
+            "{name}: read {rows} rows, expected {}",
+            files * rows_per_file
+        );
+    }
+    let line = serde_json::json!({
+        "scenario": name,
+        "rows": rows,
+        "files": files,
+        "files_per_trigger": per_trigger,
+        "batches": progress.len(),
+        "seconds": (seconds * 1000.0).round() / 1000.0,
+        "rows_per_sec": (rows as f64 / seconds).round(),
+        "median_trigger_execution_ms": median(progress.iter().map(|p| p.duration("triggerExecution")).collect()),
+        "median_add_batch_ms": median(progress.iter().map(|p| p.duration("addBatch")).collect()),
+        "median_get_batch_ms": median(progress.iter().map(|p| p.duration("getBatch")).collect()),
+        "peak_rss_mb": peak_rss_mb(),
+    });
+    println!("{line}");
+    Ok(())
+}
+
+pub async fn run(args: BenchArgs) -> Result<()> {
+    let tmp;
+    let work = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = std::env::temp_dir().join(format!("weir-bench-{}", std::process::id()));
+            tmp.clone()
+        }
+    };
+    std::fs::create_dir_all(&work)?;
+    let s = args.scale_down.max(1);
+    let all = args.scenario == "all";
+    let mut ran = false;
+    if all || args.scenario == "fixed-cost" {
+        scenario("fixed-cost", &work, 50, 10, 100, 1, Sink::Parquet).await?;
+        ran = true;
+    }
+    if all || args.scenario == "throughput" {
+        scenario(
+            "throughput",
+            &work,
+            200,
+            10_000 / s,
+            500_000 / s as u64,
+            20,
+            Sink::Parquet,
+        )
+        .await?;
+        ran = true;
+    }
+    if all || args.scenario == "delta-merge" {
+        scenario(
+            "delta-merge",
+            &work,
+            200,
+            10_000 / s,
+            1_000_000 / s as u64,
+            20,
+            Sink::Merge,
+        )
+        .await?;
+        ran = true;
+    }
+    if all || args.scenario == "delta-append" {
+        scenario(
+            "delta-append",
+            &work,
+            200,
+            10_000 / s,
+            500_000 / s as u64,
+            20,
+            Sink::Append,
+        )
+        .await?;
+        ran = true;
+    }
+    if !ran {
+        bail!(
+            "unknown scenario '{}': use fixed-cost, throughput, delta-merge, delta-append or all",
+            args.scenario
+        );
+    }
+    if args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    Ok(())
+}

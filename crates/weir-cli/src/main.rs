@@ -1,0 +1,146 @@
+//! `weir`: run pipelines from TOML, the demo, benchmarks and checkpoint tools.
+
+mod bench;
+mod config;
+mod demo;
+mod generate;
+mod report;
+mod show;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use weir_core::{FanOut, WeirSession};
+
+#[derive(Parser)]
+#[command(
+    name = "weir",
+    version,
+    about = "Micro-batch stream processing with exactly-once sinks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs a pipeline described in a TOML file.
+    Run {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// Writes each batch's progress as a JSON line to this file (`-`: stdout).
+        #[arg(long)]
+        progress: Option<String>,
+        /// Prints no per-batch line.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Writes a set of order files and runs the seed's orders pipeline on them:
+    /// files -> newest row per order_id -> Delta MERGE (and Parquet).
+    Demo(demo::DemoArgs),
+    /// Writes reproducible order files.
+    Gen(generate::GenArgs),
+    /// Measures per-batch fixed cost and throughput; prints one JSON line per scenario.
+    Bench(bench::BenchArgs),
+    /// Looks at a checkpoint folder.
+    Checkpoint {
+        #[command(subcommand)]
+        command: CheckpointCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// Batches, the pending one, offsets and files per batch.
+    Show { dir: PathBuf },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> Result<()> {
+    match command {
+        Command::Run {
+            pipeline,
+            progress,
+            quiet,
+        } => run_pipeline(&pipeline, progress.as_deref(), quiet).await,
+        Command::Demo(args) => demo::run(args).await,
+        Command::Gen(args) => {
+            let files = generate::generate(&args)?;
+            println!("wrote {} files to {}", files.len(), args.dir.display());
+            Ok(())
+        }
+        Command::Bench(args) => bench::run(args).await,
+        Command::Checkpoint {
+            command: CheckpointCommand::Show { dir },
+        } => show::show(&dir),
+    }
+}
+
+async fn run_pipeline(path: &std::path::Path, progress: Option<&str>, quiet: bool) -> Result<()> {
+    let pipeline = config::Pipeline::load(path)?;
+    let session = WeirSession::new();
+    let sinks = pipeline.sinks()?;
+    let mut writer = pipeline
+        .stream(&session)?
+        .write_stream()
+        .query_name(&pipeline.query.name)
+        .checkpoint(&pipeline.query.checkpoint)
+        .trigger(pipeline.trigger()?)
+        .foreach_batch(FanOut::new(sinks));
+    if let Some(n) = pipeline.query.min_batches_to_retain {
+        writer = writer.min_batches_to_retain(n);
+    }
+    if let Some(p) = progress {
+        writer = writer.listener(Arc::new(report::JsonLines::open(p)?));
+    }
+    if !quiet {
+        writer = writer.listener(Arc::new(report::HumanLines));
+    }
+    let query = writer
+        .start()
+        .await
+        .with_context(|| format!("starting query '{}'", pipeline.query.name))?;
+    let stop = query.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("stopping after the current batch (Ctrl-C)");
+            let _ = stop.stop().await;
+        }
+    });
+    query.await_termination().await?;
+    Ok(())
+}

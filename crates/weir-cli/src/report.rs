@@ -1,0 +1,91 @@
+//! Progress for people (one line per batch) and for machines (JSON lines).
+
+use std::io::Write;
+use std::sync::Mutex;
+
+use anyhow::{Context, Result};
+use weir_core::engine::{FallingBehind, QueryListener, QueryStarted, StreamingQueryProgress};
+
+/// One human line per batch on stdout.
+pub struct HumanLines;
+
+impl QueryListener for HumanLines {
+    fn on_query_started(&self, e: &QueryStarted) {
+        let what = if e.replay {
+            "running it again (it was not committed)"
+        } else {
+            "new"
+        };
+        println!(
+            "query '{}' [id {}] starts at batch {} ({what})",
+            e.name, e.id, e.first_batch_id
+        );
+    }
+
+    fn on_query_progress(&self, p: &StreamingQueryProgress) {
+        let skipped: Vec<&str> = p
+            .sink
+            .metrics
+            .iter()
+            .filter(|(k, _)| k.ends_with(".skipped"))
+            .map(|(k, _)| k.trim_end_matches(".skipped"))
+            .collect();
+        let out = if p.sink.num_output_rows >= 0 {
+            format!(", {} rows written", p.sink.num_output_rows)
+        } else {
+            String::new()
+        };
+        let skip = if skipped.is_empty() {
+            String::new()
+        } else {
+            format!(", skipped as already written: {}", skipped.join(", "))
+        };
+        println!(
+            "batch {}: {} rows in{out}{skip} in {} ms (addBatch {} ms)",
+            p.batch_id,
+            p.num_input_rows,
+            p.duration("triggerExecution"),
+            p.duration("addBatch")
+        );
+    }
+
+    fn on_falling_behind(&self, e: &FallingBehind) {
+        println!(
+            "warning: query '{}' is falling behind: addBatch {} ms vs a {} ms trigger for {} batches",
+            e.name, e.add_batch_ms, e.trigger_interval_ms, e.consecutive
+        );
+    }
+}
+
+/// Progress JSON lines, to a file or stdout.
+pub struct JsonLines {
+    out: Mutex<Box<dyn Write + Send>>,
+}
+
+impl JsonLines {
+    pub fn open(target: &str) -> Result<Self> {
+        let out: Box<dyn Write + Send> = if target == "-" {
+            Box::new(std::io::stdout())
+        } else {
+            Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(target)
+                    .with_context(|| format!("opening progress file {target}"))?,
+            )
+        };
+        Ok(JsonLines {
+            out: Mutex::new(out),
+        })
+    }
+}
+
+impl QueryListener for JsonLines {
+    fn on_query_progress(&self, p: &StreamingQueryProgress) {
+        if let Ok(mut out) = self.out.lock() {
+            // Progress is advisory: a full disk must not fail a batch that has committed.
+            let _ = writeln!(out, "{}", p.json()).and_then(|()| out.flush());
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! The `weir` binary end to end: kills at every fault point, bad configs, the demo.
+
+use std::path::{Path, PathBuf};
+
+use weir_core::datafusion::prelude::{JsonReadOptions, SessionContext};
+use weir_core::fault::RUNNER_POINTS;
+use weir_testkit::{parquet_rows, rows, run_weir, temp_dir};
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_weir"))
+}
+
+fn gen_orders(input: &Path, files: usize, rows_per_file: usize, keys: u64) {
+    let out = run_weir(
+        &bin(),
+        &[
+            "gen",
+            "--dir",
+            input.to_str().unwrap(),
+            "--files",
+            &files.to_string(),
+            "--rows-per-file",
+            &rows_per_file.to_string(),
+            "--keys",
+            &keys.to_string(),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const SCHEMA: &str =
+    r#"["order_id bigint", "status string", "amount double", "updated_at timestamp"]"#;
+
+fn pipeline(dir: &Path, sinks: &str) -> PathBuf {
+    let p = dir.join("pipeline.toml");
+    let text = format!(
+        r#"[query]
+name = "orders"
+checkpoint = "chk"
+trigger = "available-now"
+
+[source]
+type = "files"
+path = "in"
+format = "json"
+schema = {SCHEMA}
+max-files-per-trigger = 1
+
+{sinks}
+"#
+    );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+async fn input_rows(input: &Path) -> Vec<String> {
+    let ctx = SessionContext::new();
+    let schema = weir_cli_schema();
+    let df = ctx
+        .read_json(
+            input.to_str().unwrap(),
+            JsonReadOptions::default()
+                .schema(&schema)
+                .file_extension(".json"),
+        )
+        .await
+        .unwrap();
+    rows(df).await
+}
+
+fn weir_cli_schema() -> weir_core::datafusion::arrow::datatypes::Schema {
+    use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    Schema::new(vec![
+        Field::new("order_id", DataType::Int64, true),
+        Field::new("status", DataType::Utf8, true),
+        Field::new("amount", DataType::Float64, true),
+        Field::new(
+            "updated_at",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
+    ])
+}
+
+fn progress_batches(path: &Path) -> Vec<u64> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["batchId"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_kill_at_every_fault_point_leaves_each_input_row_in_the_parquet_output_once() {
+    let points: Vec<&str> = RUNNER_POINTS
+        .iter()
+        .copied()
+        .chain(["parquet-before-rename", "parquet-after-rename"])
+        .collect();
+    for point in points {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 5, 20, 50);
+        let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+        let prog1 = dir.path().join("progress1.jsonl");
+        let fault = format!("{point}@2");
+        let out = run_weir(
+            &bin(),
+            &[
+                "run",
+                p.to_str().unwrap(),
+                "--progress",
+                prog1.to_str().unwrap(),
+            ],
+            Some(&fault),
+        );
+        assert!(
+            !out.status.success(),
+            "{point}: the fault must kill the run"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("fault point {point} reached in batch 2")),
+            "{point}: {stderr}"
+        );
+        assert_eq!(progress_batches(&prog1), vec![0, 1], "{point}");
+
+        let prog2 = dir.path().join("progress2.jsonl");
+        let out = run_weir(
+            &bin(),
+            &[
+                "run",
+                p.to_str().unwrap(),
+                "--progress",
+                prog2.to_str().unwrap(),
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let expect_first = if point == "after-commit-write" { 3 } else { 2 };
+        let second = progress_batches(&prog2);
+        assert_eq!(
+            second.first().copied(),
+            Some(expect_first),
+            "{point}: batch ids reused: {second:?}"
+        );
+        assert_eq!(second.last().copied(), Some(4), "{point}");
+
+        let cols = ["order_id", "status", "amount", "updated_at"];
+        let got = parquet_rows(&dir.path().join("out"), &cols).await;
+        let want = input_rows(&input).await;
+        assert_eq!(got.len(), 100, "{point}");
+        assert_eq!(got, want, "{point}: every input row exactly once");
+        for b in 0..5 {
+            assert!(
+                dir.path().join(format!("chk/commits/{b}")).exists(),
+                "{point}: commits/{b}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_kill_around_the_delta_commit_leaves_the_table_equal_to_the_reference_with_one_version_per_batch()
+ {
+    for point in [
+        "delta-before-commit",
+        "delta-after-commit",
+        "before-user-fn",
+        "before-commit-write",
+        "after-commit-write",
+    ] {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 5, 40, 30);
+        let sinks = "[[sink]]\ntype = \"delta-merge\"\npath = \"delta\"\nkeys = [\"order_id\"]\nordering = \"updated_at\"\n";
+        let p = pipeline(dir.path(), sinks);
+        let out = run_weir(
+            &bin(),
+            &["run", p.to_str().unwrap()],
+            Some(&format!("{point}@2")),
+        );
+        assert!(!out.status.success(), "{point}");
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        assert!(
+            out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if point == "delta-after-commit" || point == "before-commit-write" {
+            assert!(
+                stdout.contains("batch 2:") && stdout.contains("skipped as already written"),
+                "{point}: {stdout}"
+            );
+        }
+
+        let ctx = SessionContext::new();
+        let table = weir_delta::read_table(&ctx, &dir.path().join("delta"))
+            .await
+            .unwrap();
+        let got = rows(
+            table
+                .select_columns(&["order_id", "status", "amount", "updated_at"])
+                .unwrap(),
+        )
+        .await;
+        let all = ctx
+            .read_json(
+                input.to_str().unwrap(),
+                JsonReadOptions::default()
+                    .schema(&weir_cli_schema())
+                    .file_extension(".json"),
+            )
+            .await
+            .unwrap();
+        let reference =
+            weir_core::dedupe_latest(all, &["order_id".to_string()], "updated_at").unwrap();
+        assert_eq!(
+            got,
+            rows(reference).await,
+            "{point}: table = newest row per key over all input"
+        );
+        let version = weir_delta::table_version(&dir.path().join("delta"))
+            .await
+            .unwrap();
+        assert_eq!(
+            version,
+            Some(4),
+            "{point}: five batches, five commits (versions 0..=4), no double write"
+        );
+    }
+}
+
+#[test]
+fn bad_pipelines_are_refused_naming_the_key() {
+    let dir = temp_dir();
+    let cases = [
+        (
+            "[[sink]]\ntype = \"parquet\"\npath = \"out\"\ncolour = \"red\"\n",
+            "colour",
+        ),
+        ("[[sink]]\ntype = \"parqet\"\npath = \"out\"\n", "parqet"),
+    ];
+    for (sinks, want) in cases {
+        let p = pipeline(dir.path(), sinks);
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("available-now", "soonish");
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("query.")
+            && err.contains("trigger")
+            && err.contains("soonish"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("soonish", "once")
+        .replace("amount double", "amount dbl");
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("source.schema[2]") && err.contains("dbl"),
+        "{err}"
+    );
+}
+
+#[test]
+fn checkpoint_show_names_the_pending_batch_and_its_files() {
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 3, 5, 5);
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let out = run_weir(
+        &bin(),
+        &["run", p.to_str().unwrap()],
+        Some("before-commit-write@1"),
+    );
+    assert!(!out.status.success());
+    let chk = dir.path().join("chk");
+    let out = run_weir(&bin(), &["checkpoint", "show", chk.to_str().unwrap()], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("batch 1 is not committed"), "{text}");
+    assert!(text.contains("orders-00001.json"), "{text}");
+}
+
+#[test]
+fn the_demo_runs_on_embedded_defaults_and_checks_its_table() {
+    let dir = temp_dir();
+    let work = dir.path().join("demo");
+    let out = run_weir(&bin(), &["demo", "--dir", work.to_str().unwrap()], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("0 rows missing, 0 rows extra"), "{stdout}");
+    assert!(stdout.contains("batch 4:"), "{stdout}");
+    // A second run starts over in its own folder.
+    let again = run_weir(&bin(), &["demo", "--dir", work.to_str().unwrap()], None);
+    assert!(again.status.success());
+}

@@ -1,0 +1,16 @@
+//! The micro-batch engine: triggers, the run loop, progress and the query handle.
+
+pub mod progress;
+mod query;
+mod runner;
+pub mod trigger;
+
+pub use progress::{
+    BehindDetector, FallingBehind, QueryIdle, QueryListener, QueryStarted, QueryTerminated,
+    SinkProgress, SourceProgress, StreamingQueryProgress,
+};
+pub(crate) use query::Shared;
+pub use query::StreamingQuery;
+pub use runner::{BATCH_VIEW, Transform};
+pub(crate) use runner::{QuerySpec, run};
+pub use trigger::{Trigger, parse_duration};

@@ -1,0 +1,535 @@
+//! The micro-batch loop. One task per query; batches strictly one after another.
+//!
+//! For each batch N, in this order (each step durable before the next starts):
+//! 1. ask the source for its latest offset under the read limit (`latestOffset`);
+//! 2. write `offsets/N` (`walCommit`);
+//! 3. read the range and materialize it once (`getBatch`), apply the transforms
+//!    (`queryPlanning`);
+//! 4. call the user's function (`addBatch`);
+//! 5. only if it returned `Ok`: write `commits/N`, tell the source (`commitOffsets`).
+//!
+//! A replay (recovered `offsets/N` without `commits/N`) skips 1-2 and uses the recorded
+//! offsets, batch timestamp and id.
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::datasource::{MemTable, TableProvider};
+use datafusion::prelude::{DataFrame, SessionContext};
+use futures::FutureExt;
+use tokio::time::Instant;
+
+use super::progress::{
+    BehindDetector, FallingBehind, QueryIdle, QueryListener, QueryStarted, QueryTerminated,
+    SinkProgress, SourceProgress, StreamingQueryProgress,
+};
+use super::query::{Shared, Status};
+use super::trigger::{Trigger, next_tick};
+use crate::checkpoint::{Checkpoint, CommitMetadata, OffsetSeq, OffsetSeqMetadata, StartPoint};
+use crate::error::{Error, Result};
+use crate::fault;
+use crate::sink::{BatchContext, ForeachBatch, SinkMetrics};
+use crate::source::{ReadLimit, Source, SourceOffset};
+
+/// The name under which a SQL transform sees the batch.
+pub const BATCH_VIEW: &str = "batch";
+
+/// A stateless step between the source and the function.
+#[derive(Clone)]
+pub enum Transform {
+    /// SQL over the batch, which it sees as the view `batch`.
+    Sql(String),
+    /// A DataFrame function.
+    Fn(Arc<dyn Fn(DataFrame) -> datafusion::error::Result<DataFrame> + Send + Sync>),
+}
+
+/// Everything the runner needs; built by `DataStreamWriter::start`.
+pub(crate) struct QuerySpec {
+    pub checkpoint: Checkpoint,
+    pub start: StartPoint,
+    pub source: Arc<dyn Source>,
+    pub limit: ReadLimit,
+    pub transforms: Vec<Transform>,
+    pub sink: Arc<dyn ForeachBatch>,
+    pub trigger: Trigger,
+    pub retain: u64,
+    pub listeners: Vec<Arc<dyn QueryListener>>,
+    pub behind: BehindDetector,
+    pub ctx: SessionContext,
+    pub conf: BTreeMap<String, String>,
+    pub no_data_delay: Duration,
+}
+
+/// Runs the query to its end and records how it ended in `shared`.
+pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
+    let listeners = spec.listeners.clone();
+    let task_shared = shared.clone();
+    let outcome = tokio::spawn(async move {
+        Runner {
+            spec,
+            shared: task_shared,
+        }
+        .run()
+        .await
+    })
+    .await;
+    let result = match outcome {
+        Ok(r) => r,
+        Err(join) => Err(Error::BatchPanicked {
+            query: shared.name.clone(),
+            batch_id: u64::MAX,
+            message: format!("the query task ended abnormally: {join}"),
+        }),
+    };
+    let error = result.as_ref().err().map(|e| crate::sink::error_chain(e));
+    if let Some(e) = &error {
+        tracing::error!(query = %shared.name, "query terminated with an error: {e}");
+    }
+    for l in &listeners {
+        l.on_query_terminated(&QueryTerminated {
+            id: shared.id,
+            run_id: shared.run_id,
+            error: error.clone(),
+        });
+    }
+    shared.status.send_replace(match result {
+        Ok(()) => Status::Stopped,
+        Err(e) => Status::Failed(Arc::new(e)),
+    });
+}
+
+struct Runner {
+    spec: QuerySpec,
+    shared: Arc<Shared>,
+}
+
+/// What one batch reads.
+struct Planned {
+    id: u64,
+    end: SourceOffset,
+    latest: Option<SourceOffset>,
+    metadata: OffsetSeqMetadata,
+    replay: bool,
+}
+
+impl Runner {
+    fn in_batch(&self, batch_id: u64, stage: &'static str) -> impl Fn(Error) -> Error + '_ {
+        move |e| Error::Batch {
+            query: self.shared.name.clone(),
+            batch_id,
+            stage,
+            source: Box::new(e),
+        }
+    }
+
+    async fn run(mut self) -> Result<()> {
+        let origin = Instant::now();
+        let (mut next_id, mut start, mut pending) =
+            match std::mem::replace(&mut self.spec.start, StartPoint::Fresh) {
+                StartPoint::Fresh => (0, None, None),
+                StartPoint::Replay {
+                    batch_id,
+                    start,
+                    batch,
+                } => (
+                    batch_id,
+                    start.and_then(|s| s.offsets.into_iter().next().flatten()),
+                    Some(batch),
+                ),
+                StartPoint::Next {
+                    batch_id, previous, ..
+                } => (
+                    batch_id,
+                    previous.offsets.into_iter().next().flatten(),
+                    None,
+                ),
+            };
+        if self.spec.trigger == Trigger::AvailableNow {
+            self.spec.source.prepare_available_now().await?;
+        }
+        for l in &self.spec.listeners {
+            l.on_query_started(&QueryStarted {
+                id: self.shared.id,
+                run_id: self.shared.run_id,
+                name: self.shared.name.clone(),
+                first_batch_id: next_id,
+                replay: pending.is_some(),
+            });
+        }
+        let mut stop = self.shared.stop.subscribe();
+        let mut previous_trigger: Option<Instant> = None;
+        let mut idle_reported = false;
+        let interval = self.spec.trigger.interval_ms();
+        loop {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            let trigger_start = Instant::now();
+            let wall_start = chrono::Utc::now();
+            let mut durations = BTreeMap::new();
+            let planned = match pending.take() {
+                Some(seq) => {
+                    let end = seq.offsets.first().cloned().flatten().ok_or_else(|| {
+                        Error::CorruptLog {
+                            path: self
+                                .spec
+                                .checkpoint
+                                .dir()
+                                .join("offsets")
+                                .join(next_id.to_string()),
+                            reason: "The offset of source 0 is missing ('-')".into(),
+                        }
+                    })?;
+                    tracing::info!(query = %self.shared.name, batch = next_id, "running batch {next_id} again with its recorded offsets {end}");
+                    Planned {
+                        id: next_id,
+                        end,
+                        latest: None,
+                        metadata: seq.metadata,
+                        replay: true,
+                    }
+                }
+                None => match self.plan(next_id, start.as_ref(), &mut durations).await? {
+                    Some(p) => p,
+                    None => {
+                        if matches!(self.spec.trigger, Trigger::AvailableNow | Trigger::Once) {
+                            return Ok(());
+                        }
+                        if !idle_reported {
+                            idle_reported = true;
+                            for l in &self.spec.listeners {
+                                l.on_query_idle(&QueryIdle {
+                                    id: self.shared.id,
+                                    run_id: self.shared.run_id,
+                                    next_batch_id: next_id,
+                                });
+                            }
+                        }
+                        let wake = if interval == 0 {
+                            trigger_start + self.spec.no_data_delay
+                        } else {
+                            origin
+                                + ms(next_tick(
+                                    0,
+                                    (trigger_start - origin).as_millis() as u64,
+                                    interval,
+                                ))
+                        };
+                        wait_until(wake, &mut stop).await;
+                        continue;
+                    }
+                },
+            };
+            idle_reported = false;
+            let id = planned.id;
+            let (rows, metrics) = self
+                .run_batch(&planned, start.as_ref(), &mut durations)
+                .await?;
+            let total = trigger_start.elapsed();
+            durations.insert("triggerExecution".into(), total.as_millis() as u64);
+            let timing = Timing {
+                wall_start,
+                trigger_start,
+                previous_trigger,
+                durations,
+            };
+            self.report(&planned, start.as_ref(), rows, &metrics, timing);
+            previous_trigger = Some(trigger_start);
+            start = Some(planned.end);
+            next_id = id + 1;
+            if self.spec.trigger == Trigger::Once {
+                return Ok(());
+            }
+            if interval > 0 {
+                if total.as_millis() as u64 > interval {
+                    tracing::warn!(
+                        query = %self.shared.name,
+                        "Current batch is falling behind. The trigger interval is {interval} milliseconds, but spent {} milliseconds",
+                        total.as_millis()
+                    );
+                } else {
+                    let now = (Instant::now() - origin).as_millis() as u64;
+                    wait_until(origin + ms(next_tick(0, now, interval)), &mut stop).await;
+                }
+            }
+        }
+    }
+
+    /// Steps 1-2: decides batch `id`'s range and records it. `None`: no new data.
+    async fn plan(
+        &self,
+        id: u64,
+        start: Option<&SourceOffset>,
+        durations: &mut BTreeMap<String, u64>,
+    ) -> Result<Option<Planned>> {
+        let limit = if self.spec.trigger == Trigger::Once {
+            ReadLimit::ALL
+        } else {
+            self.spec.limit
+        };
+        let t = Instant::now();
+        let latest = self
+            .spec
+            .source
+            .latest_offset(start, limit)
+            .await
+            .map_err(self.in_batch(id, "asking the source for new data"))?;
+        durations.insert("latestOffset".into(), t.elapsed().as_millis() as u64);
+        let Some(end) = latest.filter(|l| Some(l) != start) else {
+            return Ok(None);
+        };
+        let metadata = OffsetSeqMetadata {
+            batch_watermark_ms: 0,
+            batch_timestamp_ms: chrono::Utc::now().timestamp_millis(),
+            conf: self.spec.conf.clone(),
+        };
+        let t = Instant::now();
+        let seq = OffsetSeq {
+            metadata: metadata.clone(),
+            offsets: vec![Some(end.clone())],
+        };
+        self.spec.checkpoint.write_offsets(id, &seq)?;
+        durations.insert("walCommit".into(), t.elapsed().as_millis() as u64);
+        fault::hit("after-offsets-write", id)?;
+        Ok(Some(Planned {
+            id,
+            latest: Some(end.clone()),
+            end,
+            metadata,
+            replay: false,
+        }))
+    }
+
+    /// Steps 3-5 for a planned batch; returns the input row count and the sinks' figures.
+    async fn run_batch(
+        &self,
+        p: &Planned,
+        start: Option<&SourceOffset>,
+        durations: &mut BTreeMap<String, u64>,
+    ) -> Result<(u64, Arc<SinkMetrics>)> {
+        let id = p.id;
+        let ctx = &self.spec.ctx;
+        let t = Instant::now();
+        let df = self
+            .spec
+            .source
+            .read_range(ctx, start, &p.end)
+            .await
+            .map_err(self.in_batch(id, "reading the source"))?;
+        let (table, rows) = materialize(df)
+            .await
+            .map_err(self.in_batch(id, "reading the source"))?;
+        durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
+
+        let t = Instant::now();
+        let df = self
+            .transform(table)
+            .await
+            .map_err(self.in_batch(id, "applying the transforms"))?;
+        durations.insert("queryPlanning".into(), t.elapsed().as_millis() as u64);
+
+        let t = Instant::now();
+        fault::hit("before-user-fn", id)?;
+        let metrics = Arc::new(SinkMetrics::default());
+        let bctx = BatchContext {
+            query_id: self.shared.id,
+            run_id: self.shared.run_id,
+            query_name: self.shared.name.clone(),
+            batch_id: id,
+            batch_timestamp_ms: p.metadata.batch_timestamp_ms,
+            session: ctx.clone(),
+            is_replay: p.replay,
+            checkpoint_is_new: self.spec.checkpoint.is_new(),
+            metrics: metrics.clone(),
+        };
+        let outcome = AssertUnwindSafe(self.spec.sink.call(df, bctx))
+            .catch_unwind()
+            .await;
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(source)) => {
+                return Err(Error::BatchFailed {
+                    query: self.shared.name.clone(),
+                    batch_id: id,
+                    source,
+                });
+            }
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".into());
+                return Err(Error::BatchPanicked {
+                    query: self.shared.name.clone(),
+                    batch_id: id,
+                    message,
+                });
+            }
+        }
+        fault::hit("after-user-fn", id)?;
+        durations.insert("addBatch".into(), t.elapsed().as_millis() as u64);
+
+        let t = Instant::now();
+        fault::hit("before-commit-write", id)?;
+        self.spec
+            .checkpoint
+            .write_commit(id, &CommitMetadata::default())?;
+        fault::hit("after-commit-write", id)?;
+        self.spec
+            .source
+            .commit(&p.end)
+            .await
+            .map_err(self.in_batch(id, "telling the source the batch is committed"))?;
+        if let Some(keep_from) = (id + 1).checked_sub(self.spec.retain) {
+            self.spec.checkpoint.purge(keep_from)?;
+        }
+        durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
+        Ok((rows, metrics))
+    }
+
+    async fn transform(&self, table: Arc<MemTable>) -> Result<DataFrame> {
+        let ctx = &self.spec.ctx;
+        let mut df = ctx
+            .read_table(table.clone())
+            .map_err(|e| Error::datafusion("reading the materialized batch", e))?;
+        for t in &self.spec.transforms {
+            df = match t {
+                Transform::Fn(f) => {
+                    f(df).map_err(|e| Error::datafusion("the DataFrame transform", e))?
+                }
+                Transform::Sql(sql) => {
+                    let view: Arc<dyn TableProvider> = df.into_view();
+                    ctx.register_table(BATCH_VIEW, view)
+                        .map_err(|e| Error::datafusion("registering the batch view", e))?;
+                    let planned = ctx.sql(sql).await;
+                    ctx.deregister_table(BATCH_VIEW)
+                        .map_err(|e| Error::datafusion("dropping the batch view", e))?;
+                    planned
+                        .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?
+                }
+            };
+        }
+        Ok(df)
+    }
+
+    fn report(
+        &mut self,
+        p: &Planned,
+        start: Option<&SourceOffset>,
+        rows: u64,
+        metrics: &SinkMetrics,
+        t: Timing,
+    ) {
+        let Timing {
+            wall_start,
+            trigger_start,
+            previous_trigger,
+            durations,
+        } = t;
+        let total_ms = durations.get("triggerExecution").copied().unwrap_or(0);
+        let processed = per_second(rows, total_ms as f64 / 1000.0);
+        let input = previous_trigger.map_or(0.0, |prev| {
+            per_second(rows, (trigger_start - prev).as_secs_f64())
+        });
+        let progress = StreamingQueryProgress {
+            id: self.shared.id,
+            run_id: self.shared.run_id,
+            name: self.shared.name.clone(),
+            timestamp: wall_start.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+            batch_id: p.id,
+            batch_duration: total_ms,
+            num_input_rows: rows,
+            input_rows_per_second: input,
+            processed_rows_per_second: processed,
+            duration_ms: durations,
+            state_operators: Vec::new(),
+            sources: vec![SourceProgress {
+                description: self.spec.source.description(),
+                start_offset: start.map(|s| s.json().clone()),
+                end_offset: Some(p.end.json().clone()),
+                latest_offset: p.latest.as_ref().map(|s| s.json().clone()),
+                num_input_rows: rows,
+                input_rows_per_second: input,
+                processed_rows_per_second: processed,
+                metrics: BTreeMap::new(),
+            }],
+            sink: SinkProgress {
+                description: "ForeachBatchSink".into(),
+                num_output_rows: metrics.output_rows(),
+                metrics: metrics.notes().into_iter().collect(),
+            },
+        };
+        tracing::debug!(query = %self.shared.name, "progress: {}", progress.json());
+        for l in &self.spec.listeners {
+            l.on_query_progress(&progress);
+        }
+        let add_batch = progress.duration("addBatch");
+        let interval = self.spec.trigger.interval_ms();
+        if self.spec.behind.observe(add_batch, interval) {
+            let event = FallingBehind {
+                id: self.shared.id,
+                name: self.shared.name.clone(),
+                batch_id: p.id,
+                trigger_interval_ms: interval,
+                add_batch_ms: add_batch,
+                fraction: self.spec.behind.fraction,
+                consecutive: self.spec.behind.streak(),
+            };
+            tracing::warn!(
+                query = %self.shared.name,
+                "falling behind: addBatch took more than {:.0}% of the {interval} ms trigger interval for {} batches in a row (batch {} took {add_batch} ms); raise the interval or lower maxFilesPerTrigger/maxOffsetsPerTrigger",
+                event.fraction * 100.0,
+                event.consecutive,
+                p.id
+            );
+            for l in &self.spec.listeners {
+                l.on_falling_behind(&event);
+            }
+        }
+        self.shared.push_progress(progress);
+    }
+}
+
+/// When a batch ran, for its progress report.
+struct Timing {
+    wall_start: chrono::DateTime<chrono::Utc>,
+    trigger_start: Instant,
+    previous_trigger: Option<Instant>,
+    durations: BTreeMap<String, u64>,
+}
+
+/// Reads the batch once into memory: the row count for progress, and every action of the
+/// function (and every sink of a fan-out) reads this copy instead of the source again.
+async fn materialize(df: DataFrame) -> Result<(Arc<MemTable>, u64)> {
+    let schema = df.schema().inner().clone();
+    let parts = df
+        .collect_partitioned()
+        .await
+        .map_err(|e| Error::datafusion("reading the batch", e))?;
+    let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
+    let table =
+        MemTable::try_new(schema, parts).map_err(|e| Error::datafusion("holding the batch", e))?;
+    Ok((Arc::new(table), rows))
+}
+
+fn per_second(rows: u64, secs: f64) -> f64 {
+    if secs <= 0.0 {
+        0.0
+    } else {
+        (rows as f64 / secs * 10.0).round() / 10.0
+    }
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+async fn wait_until(deadline: Instant, stop: &mut tokio::sync::watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep_until(deadline) => {}
+        _ = stop.wait_for(|s| *s) => {}
+    }
+}

@@ -1,0 +1,35 @@
+//! # weir-core
+//!
+//! The engine of weir: Spark Structured Streaming's `foreachBatch` contract for Rust.
+//!
+//! For each micro-batch N the engine writes the offset range to `<checkpoint>/offsets/N`
+//! before running anything, hands the rows to the user's function as an ordinary DataFusion
+//! [`DataFrame`](datafusion::prelude::DataFrame) with `ctx.batch_id == N`, and writes
+//! `<checkpoint>/commits/N` only after the function returns `Ok`. After a crash the newest
+//! uncommitted batch runs again with exactly its recorded offsets and the same id, so a sink
+//! that keys its writes by batch id (see [`sink`]) turns the second write into a no-op.
+//!
+//! Modules: [`checkpoint`] (logs and recovery), [`source`] (files, rate, memory),
+//! [`engine`] (runner, triggers, progress), [`sink`] (the contract, Parquet, console),
+//! [`fault`] (fault points for crash tests).
+
+pub mod api;
+pub mod checkpoint;
+pub mod engine;
+pub mod error;
+pub mod fault;
+pub mod sink;
+pub mod source;
+
+pub use api::{DataStreamReader, DataStreamWriter, StreamingDataFrame, WeirSession};
+pub use engine::{QueryListener, StreamingQuery, StreamingQueryProgress, Trigger};
+pub use error::{BoxError, Error, Result};
+pub use sink::{
+    BatchContext, ConsoleSink, FanOut, ForeachBatch, ParquetSink, SinkMetrics, dedupe_latest,
+};
+pub use source::{
+    FileFormat, FileSource, MemorySource, RateSource, ReadLimit, Source, SourceOffset,
+};
+
+/// The DataFusion this engine is built on, re-exported so users link the same version.
+pub use datafusion;

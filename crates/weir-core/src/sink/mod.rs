@@ -1,0 +1,103 @@
+//! What a batch is handed to: the `foreachBatch` contract, and the sinks weir ships in core.
+//!
+//! | sink | idempotency pattern | on replay |
+//! |---|---|---|
+//! | [`ParquetSink`] | file names derived from (batch id, part), temp name + rename | the same files are written again |
+//! | [`ConsoleSink`] | none (a demo sink) | printed again |
+//!
+//! The Delta and PostgreSQL sinks live in their own crates and implement the same trait.
+
+mod console;
+mod context;
+mod dedupe;
+mod parquet;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::prelude::DataFrame;
+
+use crate::error::{BoxError, Error};
+
+pub use console::ConsoleSink;
+pub use context::{BatchContext, SinkMetrics};
+pub use dedupe::dedupe_latest;
+pub use parquet::ParquetSink;
+
+/// The user's function: called once per attempt of a batch, on one task, batches in order.
+///
+/// Promises the engine makes: `ctx.batch_id` increases by one per new batch; after a crash
+/// the same batch id comes again with the same rows (for a deterministic transform), so the
+/// function must make a second write of that batch harmless (see the sinks). The engine
+/// commits the batch only when this returns `Ok`. Returning `Err` (or panicking) stops the
+/// query with an error naming the batch; nothing is committed. Never catch a write error
+/// and return `Ok`: that batch's data would be lost.
+#[async_trait]
+pub trait ForeachBatch: Send + Sync {
+    async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError>;
+}
+
+#[async_trait]
+impl<F, Fut> ForeachBatch for F
+where
+    F: Fn(DataFrame, BatchContext) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), BoxError>> + Send,
+{
+    async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
+        (self)(batch, ctx).await
+    }
+}
+
+/// Several sinks fed from one read of the batch, in order: the batch is materialized once
+/// (so no sink reads the source again), each sink is called in turn, and the first error
+/// stops the rest. Put the write that is hardest to undo last. The memory is released when
+/// the call returns, whether it succeeded or not.
+pub struct FanOut {
+    sinks: Vec<(String, Arc<dyn ForeachBatch>)>,
+}
+
+impl FanOut {
+    /// `sinks` are (name for errors, sink), called in this order.
+    pub fn new(sinks: Vec<(String, Arc<dyn ForeachBatch>)>) -> Self {
+        FanOut { sinks }
+    }
+}
+
+#[async_trait]
+impl ForeachBatch for FanOut {
+    async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
+        let batch = if self.sinks.len() > 1 {
+            batch.cache().await.map_err(|e| {
+                Error::datafusion(format!("batch {}: caching for fan-out", ctx.batch_id), e)
+            })?
+        } else {
+            batch
+        };
+        for (name, sink) in &self.sinks {
+            sink.call(batch.clone(), ctx.clone()).await.map_err(|e| {
+                Box::new(Error::Sink {
+                    sink: name.clone(),
+                    batch_id: ctx.batch_id,
+                    reason: error_chain(e.as_ref()),
+                }) as BoxError
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// `err: cause: cause`, for messages that must carry the whole chain in one line.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(c) = cur {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = c.source();
+    }
+    out
+}

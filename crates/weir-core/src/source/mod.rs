@@ -1,0 +1,124 @@
+//! Sources: where batches come from.
+//!
+//! A source turns "everything up to now" into an offset, and an offset range into rows.
+//! The engine records the end offset of every batch in `offsets/N` before it reads the
+//! range, so a source must return the same rows for the same range, today and after a
+//! crash. Kafka and files can; a socket cannot, and is not a source here.
+
+pub mod file;
+pub mod memory;
+pub mod rate;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::prelude::{DataFrame, SessionContext};
+
+use crate::error::Result;
+
+pub use file::{FileFormat, FileSource};
+pub use memory::MemorySource;
+pub use rate::RateSource;
+
+/// A position in a source, opaque to the engine and stored as JSON in the offset log
+/// (Kafka: `{"orders":{"0":123}}`, files: `{"logOffset":4}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceOffset(serde_json::Value);
+
+impl SourceOffset {
+    /// Wraps a JSON value.
+    pub fn new(value: serde_json::Value) -> Self {
+        SourceOffset(value)
+    }
+
+    /// The JSON value.
+    pub fn json(&self) -> &serde_json::Value {
+        &self.0
+    }
+}
+
+impl fmt::Display for SourceOffset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// How much one batch may take: Spark's `maxFilesPerTrigger` and `maxOffsetsPerTrigger`.
+/// A source applies the limit it understands and ignores the other; `None` is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadLimit {
+    /// At most this many files per batch (file sources). At least one is always taken.
+    pub max_files: Option<usize>,
+    /// At most this many rows or records per batch (rate, memory and Kafka sources).
+    pub max_rows: Option<u64>,
+}
+
+impl ReadLimit {
+    /// No limit: everything available.
+    pub const ALL: ReadLimit = ReadLimit {
+        max_files: None,
+        max_rows: None,
+    };
+}
+
+/// What the engine gives a source once, before the first batch.
+#[derive(Debug, Clone)]
+pub struct SourceInit {
+    /// `<checkpoint>/sources/<i>`: the source's own log folder, if it needs one.
+    pub log_dir: PathBuf,
+    /// How many batches of the source's own log to keep (the query's retention).
+    pub retain_batches: u64,
+}
+
+/// A replayable source of rows.
+///
+/// Call order for one query: `open` once; then per batch `latest_offset`, (the engine writes
+/// `offsets/N`), `read_range`, (the function runs, the engine writes `commits/N`), `commit`.
+/// After a crash the engine calls `read_range` again with the range recorded in
+/// `offsets/N`, which must return the same rows.
+#[async_trait]
+pub trait Source: Send + Sync {
+    /// A short name for logs and progress, e.g. `FileStreamSource[file:/data/in]`.
+    fn description(&self) -> String;
+
+    /// The schema of every batch this source returns.
+    fn schema(&self) -> SchemaRef;
+
+    /// Called once before any other method. A source that keeps its own log opens it here.
+    async fn open(&self, _init: &SourceInit) -> Result<()> {
+        Ok(())
+    }
+
+    /// For `Trigger::AvailableNow`: fixes the data that counts as "available now", so
+    /// that the query stops after reaching it even while more arrives.
+    async fn prepare_available_now(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The newest offset available now, at most `limit` beyond `start` (`None`: from
+    /// the beginning). Returns `start` itself (or `None` when `start` is `None`) when
+    /// there is nothing new. It may be called again for the same `start` after a crash
+    /// and must then not lose or duplicate data; it may record what it decided in its
+    /// own log, durably, before returning.
+    async fn latest_offset(
+        &self,
+        start: Option<&SourceOffset>,
+        limit: ReadLimit,
+    ) -> Result<Option<SourceOffset>>;
+
+    /// The rows in `(start, end]`, as a DataFrame on `ctx`. Same range, same rows.
+    async fn read_range(
+        &self,
+        ctx: &SessionContext,
+        start: Option<&SourceOffset>,
+        end: &SourceOffset,
+    ) -> Result<DataFrame>;
+
+    /// Batch up to `end` is committed: the source may forget what lies before it. Errors
+    /// here do not un-commit the batch; they stop the query.
+    async fn commit(&self, _end: &SourceOffset) -> Result<()> {
+        Ok(())
+    }
+}

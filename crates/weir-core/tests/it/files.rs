@@ -1,0 +1,157 @@
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use weir_core::datafusion::prelude::{DataFrame, SessionContext};
+use weir_core::{BatchContext, BoxError, ParquetSink, Trigger, WeirSession};
+
+use crate::{ids, schema};
+
+fn write_file(dir: &Path, name: &str, ids: std::ops::Range<i64>) {
+    std::fs::create_dir_all(dir).unwrap();
+    let body: String = ids
+        .map(|i| format!("{{\"id\":{i},\"name\":\"n{i}\"}}\n"))
+        .collect();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, body).unwrap();
+    std::fs::rename(tmp, dir.join(name)).unwrap();
+}
+
+type Seen = Arc<Mutex<Vec<(u64, Vec<i64>)>>>;
+
+async fn run_files(
+    input: &Path,
+    chk: &Path,
+    seen: Seen,
+    fail_at: Option<u64>,
+) -> weir_core::Result<()> {
+    let q = WeirSession::new()
+        .read_stream()
+        .files(input)
+        .schema(schema())
+        .max_files_per_trigger(2)
+        .load()?
+        .write_stream()
+        .query_name("files")
+        .checkpoint(chk)
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
+            let seen = seen.clone();
+            async move {
+                let got = ids(&b.collect().await?);
+                seen.lock().unwrap().push((ctx.batch_id, got));
+                if Some(ctx.batch_id) == fail_at {
+                    return Err::<(), BoxError>("fail".into());
+                }
+                Ok(())
+            }
+        })
+        .start()
+        .await?;
+    q.await_termination().await
+}
+
+#[tokio::test]
+async fn a_replayed_file_batch_reads_exactly_its_recorded_files_even_after_more_arrive() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, chk) = (dir.path().join("in"), dir.path().join("chk"));
+    for f in 0..5 {
+        write_file(&input, &format!("f{f}.json"), f * 10..f * 10 + 3);
+    }
+    // A hidden temp file is never taken.
+    std::fs::write(input.join(".partial.json.tmp"), "{\"id\":999").unwrap();
+    let seen: Seen = Arc::default();
+    assert!(
+        run_files(&input, &chk, seen.clone(), Some(1))
+            .await
+            .is_err()
+    );
+    let log1 = std::fs::read_to_string(chk.join("sources/0/1")).unwrap();
+    assert!(log1.starts_with("v1\n{\"path\":\"file://"), "{log1}");
+    assert!(
+        log1.contains("f2.json") && log1.contains("f3.json") && log1.contains("\"batchId\":1"),
+        "{log1}"
+    );
+
+    // Files that arrive now, with names that sort first, must not join batch 1.
+    write_file(&input, "a-new.json", 100..103);
+    let seen2: Seen = Arc::default();
+    run_files(&input, &chk, seen2.clone(), None).await.unwrap();
+    let first = seen.lock().unwrap().clone();
+    let second = seen2.lock().unwrap().clone();
+    assert_eq!(
+        first,
+        vec![
+            (0, vec![0, 1, 2, 10, 11, 12]),
+            (1, vec![20, 21, 22, 30, 31, 32])
+        ]
+    );
+    assert_eq!(second[0], (1, vec![20, 21, 22, 30, 31, 32]));
+    let all: Vec<i64> = second.iter().skip(1).flat_map(|(_, v)| v.clone()).collect();
+    let mut all = all;
+    all.sort_unstable();
+    assert_eq!(all, vec![40, 41, 42, 100, 101, 102]);
+}
+
+#[tokio::test]
+async fn a_file_deleted_before_its_batch_ran_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, chk) = (dir.path().join("in"), dir.path().join("chk"));
+    write_file(&input, "only.json", 0..2);
+    assert!(
+        run_files(&input, &chk, Arc::default(), Some(0))
+            .await
+            .is_err()
+    );
+    std::fs::remove_file(input.join("only.json")).unwrap();
+    let err = run_files(&input, &chk, Arc::default(), None)
+        .await
+        .unwrap_err();
+    let chain = weir_core::sink::error_chain(&err);
+    assert!(
+        chain.contains("only.json") && chain.contains("is gone"),
+        "{chain}"
+    );
+}
+
+#[tokio::test]
+async fn the_parquet_sink_writes_the_same_files_again_on_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let sink = ParquetSink::new(&out).target_rows_per_file(4);
+    let c = SessionContext::new();
+    let df = c.read_batch(crate::rows(0, 10)).unwrap();
+    assert_eq!(sink.write(df.clone(), 3).await.unwrap(), 10);
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let first = names(&out);
+    assert_eq!(
+        first,
+        vec![
+            "batch-0000000003-part-00000.parquet",
+            "batch-0000000003-part-00001.parquet",
+            "batch-0000000003-part-00002.parquet"
+        ]
+    );
+    // A stale extra part from an attempt that split the batch differently is removed.
+    std::fs::copy(
+        out.join(&first[0]),
+        out.join("batch-0000000003-part-00007.parquet"),
+    )
+    .unwrap();
+    assert_eq!(sink.write(df, 3).await.unwrap(), 10);
+    assert_eq!(names(&out), first);
+    let rows = c
+        .read_parquet(out.to_string_lossy().to_string(), Default::default())
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(ids(&rows), (0..10).collect::<Vec<_>>());
+}

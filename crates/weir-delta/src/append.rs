@@ -1,0 +1,198 @@
+//! Idempotent append: the rows and the application transaction in one Delta commit.
+
+use std::num::NonZeroU64;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use deltalake::DeltaTable;
+use deltalake::kernel::Transaction;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::protocol::SaveMode;
+use weir_core::datafusion::arrow::record_batch::RecordBatch;
+use weir_core::datafusion::prelude::DataFrame;
+use weir_core::{BatchContext, BoxError, ForeachBatch, fault};
+
+use crate::error::DeltaSinkError;
+use crate::table::prepare;
+
+/// Appends each batch to a Delta table, exactly once per batch id.
+///
+/// Before writing it reads the version the table records for the app id; if that is at
+/// least the batch id, the write is skipped (logged, and counted in the progress). Otherwise
+/// the rows are appended with the transaction `(app_id, batch_id)` in the same commit, so
+/// the rows and "batch N is written" land together or not at all. A commit that loses a
+/// race with another writer of the same app id fails the batch; the retry then skips.
+#[derive(Debug, Clone)]
+pub struct DeltaAppend {
+    path: PathBuf,
+    app_id: Option<String>,
+    partition_by: Vec<String>,
+    target_file_size: Option<NonZeroU64>,
+    optimize_every: Option<u64>,
+}
+
+impl DeltaAppend {
+    /// Appends to the table at `path` (created on the first write, from the batch schema).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        DeltaAppend {
+            path: path.into(),
+            app_id: None,
+            partition_by: Vec::new(),
+            target_file_size: None,
+            optimize_every: None,
+        }
+    }
+
+    /// An explicit application id (Spark's `txnAppId`). The default, the query name plus
+    /// the checkpoint's query id, is safer: see the crate docs.
+    pub fn app_id(mut self, id: impl Into<String>) -> Self {
+        self.app_id = Some(id.into());
+        self
+    }
+
+    /// Partition columns for a table this sink creates.
+    pub fn partition_by(mut self, cols: Vec<String>) -> Self {
+        self.partition_by = cols;
+        self
+    }
+
+    /// The size at which delta-rs starts a new data file, in bytes.
+    pub fn target_file_size(mut self, bytes: u64) -> Self {
+        self.target_file_size = NonZeroU64::new(bytes);
+        self
+    }
+
+    /// Rewrites small files into larger ones (OPTIMIZE) after every `n` batches.
+    pub fn optimize_every(mut self, n: u64) -> Self {
+        self.optimize_every = (n > 0).then_some(n);
+        self
+    }
+
+    /// The table folder.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn name(&self) -> String {
+        format!("delta-append {}", self.path.display())
+    }
+
+    async fn append(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), DeltaSinkError> {
+        let id = ctx.batch_id;
+        let prepared = prepare(&self.path, &self.name(), self.app_id.as_deref(), ctx).await?;
+        if !prepared.write {
+            return Ok(());
+        }
+        let df_err = |action, source| DeltaSinkError::DataFusion {
+            table: self.path.clone(),
+            batch_id: id,
+            action,
+            source,
+        };
+        let schema = batch.schema().inner().clone();
+        let mut batches = batch
+            .collect()
+            .await
+            .map_err(|e| df_err("computing the batch", e))?;
+        batches.retain(|b| b.num_rows() > 0);
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        if batches.is_empty() {
+            // An empty batch still records its transaction, so the replay is provably done.
+            batches.push(RecordBatch::new_empty(schema));
+        }
+        let table = write_with_txn(
+            prepared.table,
+            batches,
+            &self.partition_by,
+            self.target_file_size,
+            &prepared.app_id,
+            &self.path,
+            id,
+        )
+        .await?;
+        ctx.metrics.add_output_rows(rows as u64);
+        if let Some(v) = table.version() {
+            ctx.metrics
+                .note(format!("{}.version", self.name()), v.to_string());
+        }
+        maybe_optimize(table, self.optimize_every, &self.path, id).await
+    }
+}
+
+/// Appends `batches` with the application transaction `(app_id, batch_id)` in the commit,
+/// with fault points before and after the commit.
+pub(crate) async fn write_with_txn(
+    table: DeltaTable,
+    batches: Vec<RecordBatch>,
+    partition_by: &[String],
+    target_file_size: Option<NonZeroU64>,
+    app_id: &str,
+    path: &Path,
+    batch_id: u64,
+) -> Result<DeltaTable, DeltaSinkError> {
+    fault::hit("delta-before-commit", batch_id).map_err(|source| DeltaSinkError::Engine {
+        table: path.to_path_buf(),
+        batch_id,
+        source,
+    })?;
+    let txn = Transaction::new(app_id, batch_id as i64);
+    let mut write = table
+        .write(batches)
+        .with_save_mode(SaveMode::Append)
+        .with_commit_properties(CommitProperties::default().with_application_transaction(txn));
+    if !partition_by.is_empty() {
+        write = write.with_partition_columns(partition_by.to_vec());
+    }
+    if target_file_size.is_some() {
+        write = write.with_target_file_size(target_file_size);
+    }
+    let table = write.await.map_err(|source| DeltaSinkError::Delta {
+        table: path.to_path_buf(),
+        batch_id,
+        action: "committing the append",
+        source,
+    })?;
+    fault::hit("delta-after-commit", batch_id).map_err(|source| DeltaSinkError::Engine {
+        table: path.to_path_buf(),
+        batch_id,
+        source,
+    })?;
+    Ok(table)
+}
+
+/// Runs OPTIMIZE after every `every` batches. Compaction rewrites files without changing
+/// rows, so it needs no transaction of its own; a failure fails the batch like any write.
+pub(crate) async fn maybe_optimize(
+    table: DeltaTable,
+    every: Option<u64>,
+    path: &Path,
+    batch_id: u64,
+) -> Result<(), DeltaSinkError> {
+    let Some(n) = every else { return Ok(()) };
+    if (batch_id + 1) % n != 0 {
+        return Ok(());
+    }
+    let (_, metrics) = table
+        .optimize()
+        .await
+        .map_err(|source| DeltaSinkError::Delta {
+            table: path.to_path_buf(),
+            batch_id,
+            action: "compacting small files (optimize)",
+            source,
+        })?;
+    tracing::info!(
+        table = %path.display(),
+        "optimize after batch {batch_id}: {} files removed, {} added",
+        metrics.num_files_removed,
+        metrics.num_files_added
+    );
+    Ok(())
+}
+
+#[async_trait]
+impl ForeachBatch for DeltaAppend {
+    async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
+        Ok(self.append(batch, &ctx).await?)
+    }
+}

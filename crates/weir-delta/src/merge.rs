@@ -1,0 +1,336 @@
+//! MERGE upsert: newest row per key, guarded update, insert of new keys, and the
+//! application transaction in the MERGE commit.
+
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use deltalake::kernel::Transaction;
+use deltalake::kernel::transaction::CommitProperties;
+use weir_core::datafusion::arrow::record_batch::RecordBatch;
+use weir_core::datafusion::common::{Column, ScalarValue};
+use weir_core::datafusion::functions_aggregate::expr_fn::count;
+use weir_core::datafusion::prelude::{DataFrame, Expr, SessionContext, lit};
+use weir_core::{BatchContext, BoxError, ForeachBatch, dedupe_latest, fault};
+
+use crate::append::{maybe_optimize, write_with_txn};
+use crate::error::DeltaSinkError;
+use crate::table::prepare;
+
+/// Upserts each batch into a Delta table by key: Spark's
+/// `MERGE ... WHEN MATCHED AND s.<ordering> > t.<ordering> THEN UPDATE SET * WHEN NOT
+/// MATCHED THEN INSERT *`, exactly once per batch id.
+///
+/// - In-batch dedupe (on by default) keeps the newest row per key, since a MERGE refuses two
+///   source rows for one target row. With it off, such a batch fails naming the key.
+/// - The ordering guard means a late, older event never overwrites a newer one, so a replay
+///   (or any re-run) of a batch changes nothing even without the skip.
+/// - The application transaction rides in the MERGE commit. delta-rs does not commit a MERGE
+///   that changes no row; then the transaction is recorded by an empty append, so
+///   "batch N is applied" is always provable and the replay is skipped without a scan.
+/// - `prune_by` adds `t.<col> IN (<values in the batch>)` to the match condition, so the
+///   MERGE reads only the target files that can match (e.g. a date partition).
+#[derive(Debug, Clone)]
+pub struct DeltaMerge {
+    path: PathBuf,
+    keys: Vec<String>,
+    ordering: String,
+    app_id: Option<String>,
+    dedupe: bool,
+    update_condition: Option<String>,
+    prune_by: Option<String>,
+    partition_by: Vec<String>,
+    optimize_every: Option<u64>,
+}
+
+impl DeltaMerge {
+    /// Upserts into the table at `path` by `keys`, newest `ordering` wins.
+    pub fn new(path: impl Into<PathBuf>, keys: Vec<String>, ordering: impl Into<String>) -> Self {
+        DeltaMerge {
+            path: path.into(),
+            keys,
+            ordering: ordering.into(),
+            app_id: None,
+            dedupe: true,
+            update_condition: None,
+            prune_by: None,
+            partition_by: Vec::new(),
+            optimize_every: None,
+        }
+    }
+
+    /// An explicit application id instead of the query name plus query id.
+    pub fn app_id(mut self, id: impl Into<String>) -> Self {
+        self.app_id = Some(id.into());
+        self
+    }
+
+    /// Keep only the newest row per key of each batch (default on).
+    pub fn dedupe(mut self, on: bool) -> Self {
+        self.dedupe = on;
+        self
+    }
+
+    /// The condition for updating a matched row, as SQL over `s` (batch) and `t` (table);
+    /// default `s.<ordering> > t.<ordering>`.
+    pub fn update_condition(mut self, sql: impl Into<String>) -> Self {
+        self.update_condition = Some(sql.into());
+        self
+    }
+
+    /// A column whose batch values are added to the match condition to prune the scan.
+    pub fn prune_by(mut self, column: impl Into<String>) -> Self {
+        self.prune_by = Some(column.into());
+        self
+    }
+
+    /// Partition columns for a table this sink creates.
+    pub fn partition_by(mut self, cols: Vec<String>) -> Self {
+        self.partition_by = cols;
+        self
+    }
+
+    /// OPTIMIZE after every `n` batches.
+    pub fn optimize_every(mut self, n: u64) -> Self {
+        self.optimize_every = (n > 0).then_some(n);
+        self
+    }
+
+    /// The table folder.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn name(&self) -> String {
+        format!("delta-merge {}", self.path.display())
+    }
+
+    fn df_err(
+        &self,
+        batch_id: u64,
+        action: &'static str,
+    ) -> impl Fn(weir_core::datafusion::error::DataFusionError) -> DeltaSinkError + '_ {
+        move |source| DeltaSinkError::DataFusion {
+            table: self.path.clone(),
+            batch_id,
+            action,
+            source,
+        }
+    }
+
+    async fn merge(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), DeltaSinkError> {
+        let id = ctx.batch_id;
+        if self.keys.is_empty() {
+            return Err(DeltaSinkError::Config {
+                table: self.path.clone(),
+                key: "keys",
+                reason: "a MERGE needs at least one key column".into(),
+            });
+        }
+        let prepared = prepare(&self.path, &self.name(), self.app_id.as_deref(), ctx).await?;
+        if !prepared.write {
+            return Ok(());
+        }
+        let source = if self.dedupe {
+            dedupe_latest(batch, &self.keys, &self.ordering).map_err(|source| {
+                DeltaSinkError::Engine {
+                    table: self.path.clone(),
+                    batch_id: id,
+                    source,
+                }
+            })?
+        } else {
+            self.refuse_duplicates(batch.clone(), id).await?;
+            batch
+        };
+        let schema = source.schema().inner().clone();
+        let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        let mut batches = source
+            .collect()
+            .await
+            .map_err(self.df_err(id, "computing the batch"))?;
+        batches.retain(|b| b.num_rows() > 0);
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        let table = prepared.table;
+        let app_id = prepared.app_id;
+        let before = table.version();
+        let commit = |table, batches: Vec<RecordBatch>| {
+            write_with_txn(
+                table,
+                batches,
+                &self.partition_by,
+                None,
+                &app_id,
+                &self.path,
+                id,
+            )
+        };
+        let table = if before.is_none() || rows == 0 {
+            // No table yet: the first batch creates it. No rows: only the transaction.
+            if batches.is_empty() {
+                batches.push(RecordBatch::new_empty(schema));
+            }
+            let t = commit(table, batches).await?;
+            if before.is_none() {
+                ctx.metrics
+                    .note(format!("{}.inserted", self.name()), rows.to_string());
+            }
+            t
+        } else {
+            let mut predicate = self
+                .keys
+                .iter()
+                .map(|k| qualified("t", k).eq(qualified("s", k)))
+                .reduce(Expr::and)
+                .unwrap_or_else(|| lit(true));
+            if let Some(p) = &self.prune_by {
+                predicate = predicate.and(self.prune_condition(&batches, p, id)?);
+            }
+            let session = SessionContext::new();
+            let source_df = session
+                .read_batches(batches)
+                .map_err(self.df_err(id, "holding the batch"))?;
+            let guard = qualified("s", &self.ordering).gt(qualified("t", &self.ordering));
+            let txn = Transaction::new(&app_id, id as i64);
+            let delta_err = |action, source| DeltaSinkError::Delta {
+                table: self.path.clone(),
+                batch_id: id,
+                action,
+                source,
+            };
+            let builder = table
+                .merge(source_df, predicate)
+                .with_source_alias("s")
+                .with_target_alias("t")
+                .with_commit_properties(
+                    CommitProperties::default().with_application_transaction(txn),
+                )
+                .when_matched_update(|u| {
+                    let u = match &self.update_condition {
+                        Some(sql) => u.predicate(sql.clone()),
+                        None => u.predicate(guard),
+                    };
+                    columns
+                        .iter()
+                        .fold(u, |u, c| u.update(c.as_str(), qualified("s", c)))
+                })
+                .map_err(|e| delta_err("planning the MERGE update", e))?
+                .when_not_matched_insert(|i| {
+                    columns
+                        .iter()
+                        .fold(i, |i, c| i.set(c.as_str(), qualified("s", c)))
+                })
+                .map_err(|e| delta_err("planning the MERGE insert", e))?;
+            fault::hit("delta-before-commit", id).map_err(|source| DeltaSinkError::Engine {
+                table: self.path.clone(),
+                batch_id: id,
+                source,
+            })?;
+            let (table, metrics) = builder
+                .await
+                .map_err(|e| delta_err("running the MERGE", e))?;
+            ctx.metrics.note(
+                format!("{}.inserted", self.name()),
+                metrics.num_target_rows_inserted.to_string(),
+            );
+            ctx.metrics.note(
+                format!("{}.updated", self.name()),
+                metrics.num_target_rows_updated.to_string(),
+            );
+            if table.version() == before {
+                // Nothing changed, so nothing was committed: record the transaction alone.
+                commit(table, vec![RecordBatch::new_empty(schema)]).await?
+            } else {
+                fault::hit("delta-after-commit", id).map_err(|source| DeltaSinkError::Engine {
+                    table: self.path.clone(),
+                    batch_id: id,
+                    source,
+                })?;
+                table
+            }
+        };
+        ctx.metrics.add_output_rows(rows as u64);
+        if let Some(v) = table.version() {
+            ctx.metrics
+                .note(format!("{}.version", self.name()), v.to_string());
+        }
+        maybe_optimize(table, self.optimize_every, &self.path, id).await
+    }
+
+    /// `t.<col> IN (<distinct values of col in the batch>)`.
+    fn prune_condition(
+        &self,
+        batches: &[RecordBatch],
+        column: &str,
+        id: u64,
+    ) -> Result<Expr, DeltaSinkError> {
+        let mut values: Vec<ScalarValue> = Vec::new();
+        for b in batches {
+            let idx = b
+                .schema()
+                .index_of(column)
+                .map_err(|_| DeltaSinkError::Config {
+                    table: self.path.clone(),
+                    key: "prune-by",
+                    reason: format!("the batch has no column '{column}'"),
+                })?;
+            let arr = b.column(idx);
+            for row in 0..b.num_rows() {
+                let v = ScalarValue::try_from_array(arr, row)
+                    .map_err(self.df_err(id, "reading prune values"))?;
+                if !values.contains(&v) {
+                    values.push(v);
+                }
+            }
+        }
+        Ok(qualified("t", column).in_list(values.into_iter().map(lit).collect(), false))
+    }
+
+    async fn refuse_duplicates(&self, batch: DataFrame, id: u64) -> Result<(), DeltaSinkError> {
+        let keys: Vec<Expr> = self
+            .keys
+            .iter()
+            .map(|k| Expr::Column(Column::new_unqualified(k)))
+            .collect();
+        let dup = batch
+            .aggregate(keys, vec![count(lit(1)).alias("n")])
+            .and_then(|d| d.filter(Expr::Column(Column::new_unqualified("n")).gt(lit(1i64))))
+            .and_then(|d| d.limit(0, Some(1)))
+            .map_err(self.df_err(id, "checking for duplicate keys"))?
+            .collect()
+            .await
+            .map_err(self.df_err(id, "checking for duplicate keys"))?;
+        let Some(b) = dup.iter().find(|b| b.num_rows() > 0) else {
+            return Ok(());
+        };
+        let mut key = Vec::new();
+        for (i, k) in self.keys.iter().enumerate() {
+            let v = ScalarValue::try_from_array(b.column(i), 0)
+                .map_err(self.df_err(id, "reading the key"))?;
+            key.push(format!("{k}={v}"));
+        }
+        let n = ScalarValue::try_from_array(b.column(self.keys.len()), 0)
+            .ok()
+            .and_then(|v| match v {
+                ScalarValue::Int64(Some(n)) => Some(n),
+                _ => None,
+            })
+            .unwrap_or(2);
+        Err(DeltaSinkError::DuplicateKey {
+            table: self.path.clone(),
+            batch_id: id,
+            key: key.join(", "),
+            count: n,
+        })
+    }
+}
+
+fn qualified(alias: &str, name: &str) -> Expr {
+    Expr::Column(Column::new(Some(alias), name))
+}
+
+#[async_trait]
+impl ForeachBatch for DeltaMerge {
+    async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
+        Ok(self.merge(batch, &ctx).await?)
+    }
+}

@@ -1,0 +1,83 @@
+//! Dev-only helpers for weir's tests: run the `weir` binary with a fault point, read what
+//! the sinks wrote, and compare it with a reference computed from the input.
+//!
+//! No mocks: outputs are read from the real files and tables the sinks wrote.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use weir_core::datafusion::arrow::util::display::array_value_to_string;
+use weir_core::datafusion::prelude::{DataFrame, ParquetReadOptions, SessionContext};
+
+/// Runs `bin args...` with `WEIR_FAULT` set to `fault` (or unset).
+pub fn run_weir(bin: &Path, args: &[&str], fault: Option<&str>) -> Output {
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .env_remove("WEIR_FAULT")
+        .env("RUST_LOG", "warn");
+    if let Some(f) = fault {
+        cmd.env("WEIR_FAULT", f);
+    }
+    match cmd.output() {
+        Ok(o) => o,
+        Err(e) => panic!("cannot run {}: {e}", bin.display()),
+    }
+}
+
+/// Every row of `df` as a string `a|b|c`, sorted: a multiset to compare outputs with.
+pub async fn rows(df: DataFrame) -> Vec<String> {
+    let batches = match df.collect().await {
+        Ok(b) => b,
+        Err(e) => panic!("collecting rows: {e}"),
+    };
+    let mut out = Vec::new();
+    for b in &batches {
+        for r in 0..b.num_rows() {
+            let cells: Vec<String> = b
+                .columns()
+                .iter()
+                .map(|c| array_value_to_string(c, r).unwrap_or_else(|e| format!("<{e}>")))
+                .collect();
+            out.push(cells.join("|"));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The rows of all Parquet files in `dir`, sorted (empty if the folder has none).
+pub async fn parquet_rows(dir: &Path, columns: &[&str]) -> Vec<String> {
+    let has_files = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .any(|e| e.file_name().to_string_lossy().ends_with(".parquet"))
+        })
+        .unwrap_or(false);
+    if !has_files {
+        return Vec::new();
+    }
+    let ctx = SessionContext::new();
+    let df = match ctx
+        .read_parquet(
+            dir.to_string_lossy().to_string(),
+            ParquetReadOptions::default(),
+        )
+        .await
+        .and_then(|d| d.select_columns(columns))
+    {
+        Ok(d) => d,
+        Err(e) => panic!("reading Parquet in {}: {e}", dir.display()),
+    };
+    rows(df).await
+}
+
+/// A temp folder that `postgres` and other users can read (under /tmp).
+pub fn temp_dir() -> tempfile::TempDir {
+    match tempfile::Builder::new()
+        .prefix("weir-test-")
+        .tempdir_in("/tmp")
+    {
+        Ok(d) => d,
+        Err(e) => panic!("cannot create a temp folder: {e}"),
+    }
+}

@@ -1,0 +1,16 @@
+//! # weir
+//!
+//! Micro-batch stream processing with the contract of Spark Structured Streaming's
+//! `foreachBatch`, in one Rust binary: each batch reads a recorded offset range, is handed
+//! to your function as a DataFusion `DataFrame` with its batch id, and is committed only
+//! after the function succeeds. After a crash the uncommitted batch runs again with the
+//! same offsets and id, and every sink weir ships makes that second write a no-op.
+//!
+//! This crate re-exports the engine ([`weir_core`]) and, with the `delta` feature (on by
+//! default), the Delta Lake sinks ([`delta`]).
+
+pub use weir_core::*;
+
+/// Delta Lake sinks: idempotent append and MERGE upsert.
+#[cfg(feature = "delta")]
+pub use weir_delta as delta;
