@@ -120,7 +120,7 @@ fn corrupt_or_inconsistent_logs_are_errors_naming_the_file() {
                 fs::write(d.join("offsets/3"), b"v1\n{}\n{}").unwrap();
                 fs::write(d.join("commits/3"), b"v1\n{}").unwrap();
             },
-            "offsets/2 is missing",
+            "offsets/1 is missing",
         ),
         (
             "behind by more than one",

@@ -87,27 +87,33 @@ impl ParquetSink {
             if batch.num_rows() == 0 {
                 continue;
             }
-            if writer
-                .as_ref()
-                .is_some_and(|w| w.2 >= self.target_rows_per_file)
-            {
-                if let Some((w, tmp, _)) = writer.take() {
-                    finish(w, &tmp)?;
+            let mut offset = 0;
+            while offset < batch.num_rows() {
+                if writer
+                    .as_ref()
+                    .is_some_and(|w| w.2 >= self.target_rows_per_file)
+                {
+                    if let Some((w, tmp, _)) = writer.take() {
+                        finish(w, &tmp)?;
+                    }
                 }
-            }
-            if writer.is_none() {
-                let final_path = self.dir.join(Self::part_name(batch_id, parts.len()));
-                let tmp = temp_name(&final_path)?;
-                let file = fs::File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-                let w = ArrowWriter::try_new(file, schema.clone(), Some(props.clone()))
-                    .map_err(|e| sink_err(format!("opening {}: {e}", tmp.display())))?;
-                parts.push((tmp.clone(), final_path));
-                writer = Some((w, tmp, 0));
-            }
-            if let Some((w, tmp, rows)) = writer.as_mut() {
-                w.write(&batch)
-                    .map_err(|e| sink_err(format!("writing {}: {e}", tmp.display())))?;
-                *rows += batch.num_rows();
+                if writer.is_none() {
+                    let final_path = self.dir.join(Self::part_name(batch_id, parts.len()));
+                    let tmp = temp_name(&final_path)?;
+                    let file =
+                        fs::File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
+                    let w = ArrowWriter::try_new(file, schema.clone(), Some(props.clone()))
+                        .map_err(|e| sink_err(format!("opening {}: {e}", tmp.display())))?;
+                    parts.push((tmp.clone(), final_path));
+                    writer = Some((w, tmp, 0));
+                }
+                if let Some((w, tmp, rows)) = writer.as_mut() {
+                    let take = (self.target_rows_per_file - *rows).min(batch.num_rows() - offset);
+                    w.write(&batch.slice(offset, take))
+                        .map_err(|e| sink_err(format!("writing {}: {e}", tmp.display())))?;
+                    *rows += take;
+                    offset += take;
+                }
             }
             total += batch.num_rows() as u64;
         }
