@@ -216,12 +216,10 @@ impl Pipeline {
             bail!("invalid setting 'sink': at least one [[sink]] is required");
         }
         for (i, s) in self.sinks.iter().enumerate() {
-            if let SinkConfig::DeltaMerge { keys, .. } = s {
-                if keys.is_empty() {
-                    bail!(
-                        "invalid setting 'sink[{i}].keys': a MERGE needs at least one key column"
-                    );
-                }
+            if let SinkConfig::DeltaMerge { keys, .. } = s
+                && keys.is_empty()
+            {
+                bail!("invalid setting 'sink[{i}].keys': a MERGE needs at least one key column");
             }
         }
         Ok(())

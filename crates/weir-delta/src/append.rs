@@ -169,7 +169,7 @@ pub(crate) async fn maybe_optimize(
     batch_id: u64,
 ) -> Result<(), DeltaSinkError> {
     let Some(n) = every else { return Ok(()) };
-    if (batch_id + 1) % n != 0 {
+    if !(batch_id + 1).is_multiple_of(n) {
         return Ok(());
     }
     let (_, metrics) = table

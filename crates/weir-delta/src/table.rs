@@ -118,15 +118,17 @@ pub(crate) async fn prepare(
             action: "reading the application transaction",
             source,
         })?;
-    if explicit_app_id.is_some() && ctx.checkpoint_is_new && batch_id == 0 {
-        if let Some(v) = version {
-            tracing::warn!(
-                table = %path.display(),
-                "the checkpoint is new (batch ids start again at 0) but the table already records \
-                 version {v} for app id '{app_id}': batches up to {v} will be skipped as already \
-                 written; give this query a new app id"
-            );
-        }
+    if explicit_app_id.is_some()
+        && ctx.checkpoint_is_new
+        && batch_id == 0
+        && let Some(v) = version
+    {
+        tracing::warn!(
+            table = %path.display(),
+            "the checkpoint is new (batch ids start again at 0) but the table already records \
+             version {v} for app id '{app_id}': batches up to {v} will be skipped as already \
+             written; give this query a new app id"
+        );
     }
     let done = version.is_some_and(|v| v >= batch_id as i64);
     if done {

@@ -1,5 +1,7 @@
 //! The `weir` binary end to end: kills at every fault point, bad configs, the demo.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 
 use weir_core::datafusion::prelude::{JsonReadOptions, SessionContext};

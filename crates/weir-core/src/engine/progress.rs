@@ -148,7 +148,7 @@ impl BehindDetector {
             return false;
         }
         self.streak += 1;
-        self.streak % self.batches == 0
+        self.streak.is_multiple_of(self.batches)
     }
 
     /// The current streak.

@@ -92,10 +92,9 @@ impl ParquetSink {
                 if writer
                     .as_ref()
                     .is_some_and(|w| w.2 >= self.target_rows_per_file)
+                    && let Some((w, tmp, _)) = writer.take()
                 {
-                    if let Some((w, tmp, _)) = writer.take() {
-                        finish(w, &tmp)?;
-                    }
+                    finish(w, &tmp)?;
                 }
                 if writer.is_none() {
                     let final_path = self.dir.join(Self::part_name(batch_id, parts.len()));

@@ -181,7 +181,7 @@ impl FileSource {
     }
 
     fn entry_path(log_dir: &Path, id: u64) -> PathBuf {
-        if (id + 1) % COMPACT_INTERVAL == 0 {
+        if (id + 1).is_multiple_of(COMPACT_INTERVAL) {
             log_dir.join(format!("{id}.compact"))
         } else {
             log_dir.join(id.to_string())
@@ -380,7 +380,7 @@ impl Source for FileSource {
         let floor = (end_id + 1).saturating_sub(st.retain);
         let Some(compact) = (0..=end_id)
             .rev()
-            .find(|id| (id + 1) % COMPACT_INTERVAL == 0)
+            .find(|id| (id + 1).is_multiple_of(COMPACT_INTERVAL))
         else {
             return Ok(());
         };
@@ -477,15 +477,14 @@ fn read_log(dir: &Path) -> Result<BTreeMap<u64, Vec<FileEntry>>> {
         .skip(usize::from(base.is_some()))
         .map(|(id, _)| *id)
         .collect();
-    let mut expect = base.map_or(after.first().copied().unwrap_or(0), |c| c + 1);
-    for id in after {
+    let first = base.map_or(after.first().copied().unwrap_or(0), |c| c + 1);
+    for (expect, id) in (first..).zip(after) {
         if id != expect {
             return Err(Error::CorruptLog {
                 path: dir.join(expect.to_string()),
                 reason: "Missing entry in the file source log".into(),
             });
         }
-        expect += 1;
     }
     Ok(out)
 }

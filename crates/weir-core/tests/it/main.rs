@@ -1,5 +1,7 @@
 //! weir-core integration tests: the runner against real checkpoint folders and files.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod files;
 mod runner;
 

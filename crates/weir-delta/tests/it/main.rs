@@ -1,5 +1,7 @@
 //! Delta sinks against real Delta tables in temp folders.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -99,12 +101,9 @@ async fn a_new_checkpoint_is_not_hidden_by_an_old_ones_versions() {
     let path = dir.path().join("t");
     let sink = DeltaAppend::new(&path);
     for b in 0..3 {
-        sink.call(
-            df(&[(b as i64, "old", 1)]),
-            ctx(uuid::Uuid::new_v4().into(), b).clone(),
-        )
-        .await
-        .unwrap();
+        sink.call(df(&[(b as i64, "old", 1)]), ctx(uuid::Uuid::new_v4(), b))
+            .await
+            .unwrap();
     }
     // Same query name, new checkpoint (new query id): batch 0 again, and it is written.
     let fresh = ctx(uuid::Uuid::new_v4(), 0);
