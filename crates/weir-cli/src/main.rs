@@ -62,8 +62,13 @@ enum CheckpointCommand {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                // delta-rs logs an ERROR when it opens a table that does not exist yet (the
+                // first write creates it) and a WARN per MERGE about a metric name.
+                tracing_subscriber::EnvFilter::new(
+                    "warn,buoyant_kernel::snapshot=off,deltalake_core::operations::merge=error",
+                )
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
