@@ -81,3 +81,46 @@ pub fn temp_dir() -> tempfile::TempDir {
         Err(e) => panic!("cannot create a temp folder: {e}"),
     }
 }
+
+mod pg;
+pub use pg::{PgServer, postgres};
+
+/// Runs `sql` on the server at `url` and returns the rows as `a|b|c` strings, sorted.
+/// Every column must be castable to text (the query should `::text` what it selects).
+pub async fn pg_rows(url: &str, sql: &str) -> Vec<String> {
+    let (client, conn) = match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+        Ok(c) => c,
+        Err(e) => panic!("connecting to PostgreSQL: {e}"),
+    };
+    tokio::spawn(conn);
+    let rows = match client.query(sql, &[]).await {
+        Ok(r) => r,
+        Err(e) => panic!("{sql}: {e}"),
+    };
+    let mut out: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            (0..r.len())
+                .map(|i| {
+                    r.get::<_, Option<String>>(i)
+                        .unwrap_or_else(|| "NULL".into())
+                })
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Runs statements on the server at `url`.
+pub async fn pg_exec(url: &str, sql: &str) {
+    let (client, conn) = match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+        Ok(c) => c,
+        Err(e) => panic!("connecting to PostgreSQL: {e}"),
+    };
+    tokio::spawn(conn);
+    if let Err(e) = client.batch_execute(sql).await {
+        panic!("{sql}: {e}");
+    }
+}

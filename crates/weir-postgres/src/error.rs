@@ -1,0 +1,65 @@
+/// Errors of the PostgreSQL sink. Each names the table and the batch; connection strings
+/// (which may hold passwords) are never part of a message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostgresSinkError {
+    /// The server refused or dropped the connection, or a statement failed.
+    #[error("PostgreSQL table {table}: batch {batch_id}: {action}: {source}")]
+    Db {
+        table: String,
+        batch_id: u64,
+        action: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// Computing the batch's rows failed.
+    #[error("PostgreSQL table {table}: batch {batch_id}: {action}: {source}")]
+    DataFusion {
+        table: String,
+        batch_id: u64,
+        action: &'static str,
+        #[source]
+        source: weir_core::datafusion::error::DataFusionError,
+    },
+
+    /// The engine failed in a step the sink runs (dedupe, fault points).
+    #[error("PostgreSQL table {table}: batch {batch_id}: {source}")]
+    Engine {
+        table: String,
+        batch_id: u64,
+        #[source]
+        source: weir_core::Error,
+    },
+
+    /// A column has an Arrow type the sink cannot write; nothing was written.
+    #[error(
+        "PostgreSQL table {table}: column '{column}' has type {data_type}, which the sink cannot write \
+         (supported: Utf8, LargeUtf8, Int8-64, UInt8-32, Float32/64, Boolean, Date32, Timestamp, \
+         Decimal128, Binary, LargeBinary); cast it in the query"
+    )]
+    UnsupportedType {
+        table: String,
+        column: String,
+        data_type: String,
+    },
+
+    /// A setting is unusable; `key` names it.
+    #[error("PostgreSQL table {table}: invalid setting '{key}': {reason}")]
+    Config {
+        table: String,
+        key: &'static str,
+        reason: String,
+    },
+
+    /// The user's function given to `PostgresLedger::run_once` failed; rolled back.
+    #[error(
+        "PostgreSQL ledger {ledger}: batch {batch_id}: the transactional write failed and was rolled back"
+    )]
+    User {
+        ledger: String,
+        batch_id: u64,
+        #[source]
+        source: weir_core::BoxError,
+    },
+}

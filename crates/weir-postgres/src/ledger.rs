@@ -1,0 +1,156 @@
+//! The ledger: one row per (app id, batch id) written in the same transaction as the data.
+
+use futures::future::BoxFuture;
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, NoTls, Transaction};
+use weir_core::{BatchContext, BoxError};
+
+use crate::error::PostgresSinkError;
+use crate::quote_ident;
+
+/// A connection that reconnects when the server dropped it.
+pub(crate) struct Conn {
+    url: String,
+    client: Mutex<Option<Client>>,
+}
+
+impl Conn {
+    pub fn new(url: String) -> Self {
+        Conn {
+            url,
+            client: Mutex::new(None),
+        }
+    }
+
+    /// A live client (connecting if there is none or it closed).
+    pub async fn get(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, tokio_postgres::Error> {
+        let mut guard = self.client.lock().await;
+        if guard.as_ref().is_none_or(Client::is_closed) {
+            let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!("PostgreSQL connection ended: {e}");
+                }
+            });
+            *guard = Some(client);
+        }
+        Ok(guard)
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the URL: it may hold a password.
+        f.write_str("Conn(..)")
+    }
+}
+
+/// `CREATE TABLE IF NOT EXISTS <ledger> (...)`.
+pub(crate) fn create_ledger_sql(ledger: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (app_id text NOT NULL, batch_id bigint NOT NULL, \
+         rows bigint NOT NULL, done_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (app_id, batch_id))",
+        quote_ident(ledger)
+    )
+}
+
+/// Claims (app id, batch id) in the ledger inside `tx`: true if this transaction is the
+/// first to write the batch, false if it already landed.
+pub(crate) async fn claim(
+    tx: &Transaction<'_>,
+    ledger: &str,
+    app_id: &str,
+    batch_id: u64,
+    rows: i64,
+) -> Result<bool, tokio_postgres::Error> {
+    let sql = format!(
+        "INSERT INTO {} (app_id, batch_id, rows) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        quote_ident(ledger)
+    );
+    Ok(tx
+        .execute(&sql, &[&app_id, &(batch_id as i64), &rows])
+        .await?
+        == 1)
+}
+
+/// Makes any transactional SQL exactly-once per batch: the ledger row and your statements
+/// commit together, and a replayed batch finds its ledger row and runs nothing.
+#[derive(Debug)]
+pub struct PostgresLedger {
+    conn: Conn,
+    ledger: String,
+    app_id: Option<String>,
+}
+
+impl PostgresLedger {
+    /// A ledger table (created if missing) reached with `url`.
+    pub fn new(url: impl Into<String>, ledger: impl Into<String>) -> Self {
+        PostgresLedger {
+            conn: Conn::new(url.into()),
+            ledger: ledger.into(),
+            app_id: None,
+        }
+    }
+
+    /// An explicit application id instead of the query name plus query id.
+    pub fn app_id(mut self, id: impl Into<String>) -> Self {
+        self.app_id = Some(id.into());
+        self
+    }
+
+    /// Runs `f` in a transaction that also claims the batch in the ledger. `f` returns the
+    /// number of rows it wrote (recorded in the ledger). Returns `Ok(false)` without calling
+    /// `f` when the batch already landed; an error from `f` rolls everything back.
+    pub async fn run_once<F>(&self, ctx: &BatchContext, f: F) -> Result<bool, PostgresSinkError>
+    where
+        F: for<'a> FnOnce(&'a Transaction<'a>) -> BoxFuture<'a, Result<u64, BoxError>>,
+    {
+        let id = ctx.batch_id;
+        let db = |action, source| PostgresSinkError::Db {
+            table: self.ledger.clone(),
+            batch_id: id,
+            action,
+            source,
+        };
+        let app_id = self.app_id.clone().unwrap_or_else(|| ctx.app_id());
+        let mut guard = self.conn.get().await.map_err(|e| db("connecting", e))?;
+        let Some(client) = guard.as_mut() else {
+            return Err(PostgresSinkError::Config {
+                table: self.ledger.clone(),
+                key: "url",
+                reason: "no connection".into(),
+            });
+        };
+        client
+            .batch_execute(&create_ledger_sql(&self.ledger))
+            .await
+            .map_err(|e| db("creating the ledger", e))?;
+        let tx = client.transaction().await.map_err(|e| db("BEGIN", e))?;
+        if !claim(&tx, &self.ledger, &app_id, id, 0)
+            .await
+            .map_err(|e| db("claiming the batch", e))?
+        {
+            tx.commit().await.map_err(|e| db("COMMIT", e))?;
+            ctx.metrics
+                .add_skipped(&format!("postgres-ledger {}", self.ledger));
+            return Ok(false);
+        }
+        let rows = f(&tx).await.map_err(|source| PostgresSinkError::User {
+            ledger: self.ledger.clone(),
+            batch_id: id,
+            source,
+        })?;
+        let sql = format!(
+            "UPDATE {} SET rows = $3 WHERE app_id = $1 AND batch_id = $2",
+            quote_ident(&self.ledger)
+        );
+        tx.execute(&sql, &[&app_id, &(id as i64), &(rows as i64)])
+            .await
+            .map_err(|e| db("recording the row count", e))?;
+        tx.commit().await.map_err(|e| db("COMMIT", e))?;
+        ctx.metrics.add_output_rows(rows);
+        Ok(true)
+    }
+}

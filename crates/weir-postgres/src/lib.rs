@@ -1,0 +1,41 @@
+//! # weir-postgres
+//!
+//! Exactly-once PostgreSQL writes for weir. The seed article's staging table and
+//! `stream_batches` ledger, done better because the whole write runs in one process:
+//!
+//! ```text
+//! BEGIN;
+//! INSERT INTO <ledger> (app_id, batch_id, rows) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING;
+//! -- 0 rows inserted: this batch already landed -> COMMIT, report "skipped", return
+//! COPY <temp table> FROM STDIN (FORMAT binary);          -- temp table ON COMMIT DROP
+//! INSERT INTO <target> AS t (...) SELECT ... FROM <temp>
+//!   ON CONFLICT (<key>) DO UPDATE SET ... WHERE t.<ordering> < EXCLUDED.<ordering>;
+//! COMMIT;
+//! ```
+//!
+//! - [`PostgresUpsert`]: the above, with in-batch dedupe (PostgreSQL refuses an
+//!   `ON CONFLICT DO UPDATE` that touches one row twice), binary COPY, quoted identifiers,
+//!   values only as COPY data or bind parameters, and the seed's persistent-staging variant
+//!   for writers that cannot share one transaction.
+//! - [`PostgresLedger`]: makes any transactional SQL of yours exactly-once per batch.
+
+mod error;
+mod ledger;
+mod types;
+mod upsert;
+
+pub use error::PostgresSinkError;
+pub use ledger::PostgresLedger;
+pub use types::pg_type;
+pub use upsert::PostgresUpsert;
+
+/// tokio-postgres, re-exported for `PostgresLedger::run_once` closures.
+pub use tokio_postgres;
+
+/// `"name"` with inner quotes doubled; `a.b` becomes `"a"."b"`.
+pub fn quote_ident(name: &str) -> String {
+    name.split('.')
+        .map(|p| format!("\"{}\"", p.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}

@@ -1,0 +1,342 @@
+//! The PostgreSQL sink against a real server (ephemeral, from the installed binaries).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use weir_core::datafusion::arrow::array::{
+    ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
+    Int8Array, Int16Array, Int32Array, Int64Array, StringArray, TimestampMicrosecondArray,
+    UInt32Array,
+};
+use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use weir_core::datafusion::arrow::record_batch::RecordBatch;
+use weir_core::datafusion::prelude::{DataFrame, SessionContext};
+use weir_core::{BatchContext, ForeachBatch, SinkMetrics};
+use weir_postgres::{PostgresLedger, PostgresUpsert};
+use weir_testkit::{pg_exec, pg_rows, postgres};
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("order_id", DataType::Int64, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new(
+            "updated_at",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        ),
+    ]))
+}
+
+fn df(rows: &[(i64, &str, i64)]) -> DataFrame {
+    let b = RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            )),
+            Arc::new(
+                TimestampMicrosecondArray::from(
+                    rows.iter().map(|r| r.2 * 1_000_000).collect::<Vec<_>>(),
+                )
+                .with_timezone("UTC"),
+            ),
+        ],
+    )
+    .unwrap();
+    SessionContext::new().read_batch(b).unwrap()
+}
+
+fn ctx(query_id: uuid::Uuid, batch_id: u64) -> BatchContext {
+    BatchContext {
+        query_id,
+        run_id: uuid::Uuid::new_v4(),
+        query_name: "orders".into(),
+        batch_id,
+        batch_timestamp_ms: 0,
+        session: SessionContext::new(),
+        is_replay: false,
+        checkpoint_is_new: false,
+        metrics: Arc::new(SinkMetrics::default()),
+    }
+}
+
+async fn orders(table: &str) -> Vec<String> {
+    pg_rows(
+        &postgres().url,
+        &format!("SELECT order_id::text, status FROM {table}"),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn upsert_keeps_the_newest_row_per_key_and_a_replay_is_skipped_by_the_ledger() {
+    let url = &postgres().url;
+    let sink = PostgresUpsert::new(url, "orders_a", vec!["order_id".into()], "updated_at")
+        .create_table(true);
+    let q = uuid::Uuid::new_v4();
+    sink.call(
+        df(&[(1, "created", 10), (1, "paid", 20), (2, "created", 10)]),
+        ctx(q, 0),
+    )
+    .await
+    .unwrap();
+    assert_eq!(orders("orders_a").await, vec!["1|paid", "2|created"]);
+    // Newer row for 2, late older row for 1, new key 3.
+    sink.call(
+        df(&[(2, "shipped", 30), (1, "created", 15), (3, "new", 1)]),
+        ctx(q, 1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        orders("orders_a").await,
+        vec!["1|paid", "2|shipped", "3|new"]
+    );
+    // Replay of batch 1 with different rows (as a non-deterministic transform would give):
+    // the ledger proves batch 1 landed, so nothing changes.
+    let replay = ctx(q, 1);
+    sink.call(df(&[(9, "must-not-appear", 99)]), replay.clone())
+        .await
+        .unwrap();
+    assert_eq!(replay.metrics.skipped(), 1);
+    assert_eq!(
+        orders("orders_a").await,
+        vec!["1|paid", "2|shipped", "3|new"]
+    );
+    let ledger = pg_rows(
+        url,
+        &format!(
+            "SELECT batch_id::text, rows::text FROM weir_batches WHERE app_id = '{}'",
+            replay.app_id()
+        ),
+    )
+    .await;
+    assert_eq!(ledger, vec!["0|2", "1|3"]);
+}
+
+#[tokio::test]
+async fn the_staging_variant_lands_each_batch_once_and_clears_its_staging_rows() {
+    let url = &postgres().url;
+    let sink = PostgresUpsert::new(url, "orders_b", vec!["order_id".into()], "updated_at")
+        .create_table(true)
+        .staging_table("orders_b_staging");
+    let q = uuid::Uuid::new_v4();
+    sink.call(df(&[(1, "a", 1), (2, "b", 1)]), ctx(q, 0))
+        .await
+        .unwrap();
+    // Rows left by a dead attempt of batch 1 in staging are cleared by the next attempt.
+    pg_exec(url, &format!(
+        "INSERT INTO orders_b_staging VALUES (7, 'stale', now(), 'orders-{q}', 1), (7, 'stale', now(), 'orders-{q}', 1)"
+    ))
+    .await;
+    sink.call(df(&[(2, "c", 5)]), ctx(q, 1)).await.unwrap();
+    sink.call(df(&[(2, "c", 5)]), ctx(q, 1)).await.unwrap();
+    assert_eq!(orders("orders_b").await, vec!["1|a", "2|c"]);
+    assert_eq!(
+        pg_rows(url, "SELECT count(*)::text FROM orders_b_staging").await,
+        vec!["0"]
+    );
+}
+
+#[tokio::test]
+async fn types_round_trip_through_binary_copy() {
+    let url = &postgres().url;
+    let s = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int32, false),
+        Field::new("i8", DataType::Int8, true),
+        Field::new("i16", DataType::Int16, true),
+        Field::new("u32", DataType::UInt32, true),
+        Field::new("f32", DataType::Float32, true),
+        Field::new("f64", DataType::Float64, true),
+        Field::new("b", DataType::Boolean, true),
+        Field::new("d", DataType::Date32, true),
+        Field::new("ts", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+        Field::new(
+            "tstz",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("dec", DataType::Decimal128(12, 2), true),
+        Field::new("bin", DataType::Binary, true),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(Int32Array::from(vec![1, 2])),
+        Arc::new(Int8Array::from(vec![Some(-8), None])),
+        Arc::new(Int16Array::from(vec![Some(300), None])),
+        Arc::new(UInt32Array::from(vec![Some(4_000_000_000), None])),
+        Arc::new(Float32Array::from(vec![Some(1.5), None])),
+        Arc::new(Float64Array::from(vec![Some(-2.25), None])),
+        Arc::new(BooleanArray::from(vec![Some(true), None])),
+        Arc::new(Date32Array::from(vec![Some(20_454), None])),
+        Arc::new(TimestampMicrosecondArray::from(vec![
+            Some(1_767_225_600_123_456),
+            None,
+        ])),
+        Arc::new(
+            TimestampMicrosecondArray::from(vec![Some(1_767_225_600_000_001), None])
+                .with_timezone("UTC"),
+        ),
+        Arc::new(
+            Decimal128Array::from(vec![Some(-1_234_567), None])
+                .with_precision_and_scale(12, 2)
+                .unwrap(),
+        ),
+        Arc::new(BinaryArray::from(vec![Some(&b"\x00\xff"[..]), None])),
+        Arc::new(StringArray::from(vec![Some("é \"quoted\""), None])),
+    ];
+    let batch = RecordBatch::try_new(s, cols).unwrap();
+    let sink = PostgresUpsert::new(url, "types_t", vec!["k".into()], "k").create_table(true);
+    sink.call(
+        SessionContext::new().read_batch(batch).unwrap(),
+        ctx(uuid::Uuid::new_v4(), 0),
+    )
+    .await
+    .unwrap();
+    let got = pg_rows(
+        url,
+        "SELECT k::text, i8::text, i16::text, u32::text, f32::text, f64::text, b::text, d::text, ts::text, \
+         (tstz AT TIME ZONE 'UTC')::text, dec::text, encode(bin, 'hex'), s FROM types_t",
+    )
+    .await;
+    assert_eq!(
+        got,
+        vec![
+            "1|-8|300|4000000000|1.5|-2.25|true|2026-01-01|2026-01-01 00:00:00.123456|2026-01-01 00:00:00.000001|-12345.67|00ff|é \"quoted\"",
+            "2|NULL|NULL|NULL|NULL|NULL|NULL|NULL|NULL|NULL|NULL|NULL|NULL",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_unsupported_type_is_refused_before_anything_is_written() {
+    let url = &postgres().url;
+    let s = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("when", DataType::Time64(TimeUnit::Microsecond), false),
+    ]));
+    let b = RecordBatch::try_new(
+        s,
+        vec![
+            Arc::new(Int64Array::from(vec![1])),
+            Arc::new(weir_core::datafusion::arrow::array::Time64MicrosecondArray::from(vec![5])),
+        ],
+    )
+    .unwrap();
+    let sink = PostgresUpsert::new(url, "unsupported_t", vec!["k".into()], "k").create_table(true);
+    let err = sink
+        .call(
+            SessionContext::new().read_batch(b).unwrap(),
+            ctx(uuid::Uuid::new_v4(), 0),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("column 'when'"), "{err}");
+    assert!(pg_rows(url, "SELECT to_regclass('unsupported_t')::text").await == vec!["NULL"]);
+}
+
+#[tokio::test]
+async fn a_refused_connection_fails_the_batch_naming_table_and_batch_and_a_later_run_lands_it_once()
+{
+    let url = &postgres().url;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let bad = format!("host=127.0.0.1 port={port} user=postgres password=hunter2 dbname=postgres");
+    let q = uuid::Uuid::new_v4();
+    let err = PostgresUpsert::new(&bad, "orders_c", vec!["order_id".into()], "updated_at")
+        .call(df(&[(1, "a", 1)]), ctx(q, 4))
+        .await
+        .unwrap_err();
+    let msg = weir_core::sink::error_chain(err.as_ref());
+    assert!(
+        msg.contains("orders_c") && msg.contains("batch 4") && msg.contains("connecting"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("hunter2"),
+        "the password is never printed: {msg}"
+    );
+    let good = PostgresUpsert::new(url, "orders_c", vec!["order_id".into()], "updated_at")
+        .create_table(true);
+    good.call(df(&[(1, "a", 1)]), ctx(q, 4)).await.unwrap();
+    good.call(df(&[(1, "a", 1)]), ctx(q, 4)).await.unwrap();
+    assert_eq!(orders("orders_c").await, vec!["1|a"]);
+}
+
+#[tokio::test]
+async fn a_constraint_violation_fails_the_batch_and_commits_nothing() {
+    let url = &postgres().url;
+    pg_exec(url, "CREATE TABLE orders_d (order_id bigint PRIMARY KEY, status text CHECK (status <> 'bad'), updated_at timestamptz)").await;
+    let sink = PostgresUpsert::new(url, "orders_d", vec!["order_id".into()], "updated_at")
+        .ledger("ledger_d");
+    let q = uuid::Uuid::new_v4();
+    let err = sink
+        .call(df(&[(1, "ok", 1), (2, "bad", 1)]), ctx(q, 0))
+        .await
+        .unwrap_err();
+    let msg = weir_core::sink::error_chain(err.as_ref());
+    assert!(
+        msg.contains("orders_d") && msg.contains("batch 0") && msg.contains("check constraint"),
+        "{msg}"
+    );
+    assert!(orders("orders_d").await.is_empty());
+    assert_eq!(
+        pg_rows(url, "SELECT count(*)::text FROM ledger_d").await,
+        vec!["0"]
+    );
+    // The fixed batch lands once.
+    sink.call(df(&[(1, "ok", 1), (2, "fine", 1)]), ctx(q, 0))
+        .await
+        .unwrap();
+    assert_eq!(orders("orders_d").await, vec!["1|ok", "2|fine"]);
+}
+
+#[tokio::test]
+async fn the_ledger_helper_runs_user_sql_once_per_batch() {
+    let url = &postgres().url;
+    pg_exec(url, "CREATE TABLE counter_e (n bigint)").await;
+    let ledger = PostgresLedger::new(url, "ledger_e");
+    let q = uuid::Uuid::new_v4();
+    for _ in 0..2 {
+        let c = ctx(q, 7);
+        ledger
+            .run_once(&c, |tx| {
+                Box::pin(async move {
+                    tx.execute("INSERT INTO counter_e VALUES (1)", &[]).await?;
+                    Ok(1)
+                })
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        pg_rows(url, "SELECT count(*)::text FROM counter_e").await,
+        vec!["1"]
+    );
+    // A failing function rolls back its ledger claim too.
+    let err = ledger
+        .run_once(&ctx(q, 8), |tx| {
+            Box::pin(async move {
+                tx.execute("INSERT INTO counter_e VALUES (1)", &[]).await?;
+                Err("refused".into())
+            })
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("batch 8"), "{err}");
+    assert_eq!(
+        pg_rows(url, "SELECT count(*)::text FROM counter_e").await,
+        vec!["1"]
+    );
+    assert_eq!(
+        pg_rows(url, "SELECT batch_id::text FROM ledger_e").await,
+        vec!["7"]
+    );
+}

@@ -1,0 +1,137 @@
+//! An ephemeral PostgreSQL server: `initdb` and `pg_ctl` from the installed server binaries
+//! (`/usr/lib/postgresql/<ver>/bin`, run as user `postgres` when we are root), in a temp
+//! folder under /tmp, on a free port. One per test binary; a watchdog stops it when the test
+//! process exits. `DATABASE_URL` points the tests at an existing server instead.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// A running server's connection string (libpq key=value form).
+#[derive(Debug, Clone)]
+pub struct PgServer {
+    pub url: String,
+}
+
+static SERVER: OnceLock<PgServer> = OnceLock::new();
+
+/// The shared server of this test binary, started on first use.
+pub fn postgres() -> &'static PgServer {
+    SERVER.get_or_init(|| match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => PgServer { url },
+        _ => start(),
+    })
+}
+
+fn bin_dir() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .filter(|p| p.join("initdb").exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort();
+    match versions.pop() {
+        Some(v) => v,
+        None => panic!(
+            "no PostgreSQL server binaries under /usr/lib/postgresql: install the `postgresql` package \
+             (.ci/run does) or set DATABASE_URL"
+        ),
+    }
+}
+
+fn free_port() -> u16 {
+    match TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
+        Ok(a) => a.port(),
+        Err(e) => panic!("no free port: {e}"),
+    }
+}
+
+fn as_postgres(cmd: &str, args: &[&str]) -> Command {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false);
+    if root {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--", cmd]).args(args);
+        c
+    } else {
+        let mut c = Command::new(cmd);
+        c.args(args);
+        c
+    }
+}
+
+fn run(mut c: Command, what: &str) {
+    match c.output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!(
+            "{what} failed: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+fn start() -> PgServer {
+    let bin = bin_dir();
+    let dir = crate::temp_dir().keep();
+    let data = dir.join("data");
+    let _ = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(&dir)
+        .status();
+    let initdb = bin.join("initdb");
+    let pg_ctl = bin.join("pg_ctl");
+    let d = data.to_string_lossy().to_string();
+    run(
+        as_postgres(
+            &initdb.to_string_lossy(),
+            &[
+                "-D",
+                &d,
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+            ],
+        ),
+        "initdb",
+    );
+    let port = free_port();
+    let opts = format!(
+        "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+        dir.display()
+    );
+    let log = dir.join("pg.log").to_string_lossy().to_string();
+    run(
+        as_postgres(
+            &pg_ctl.to_string_lossy(),
+            &["-D", &d, "-l", &log, "-w", "-o", &opts, "start"],
+        ),
+        "pg_ctl start",
+    );
+    // Stop the server when this test process ends, however it ends.
+    let watchdog = format!(
+        "while [ -d /proc/{pid} ]; do sleep 1; done; {pg_ctl} -D {d} -m immediate -w stop >/dev/null 2>&1",
+        pid = std::process::id(),
+        pg_ctl = pg_ctl.display()
+    );
+    let _ = as_postgres("sh", &["-c", &watchdog])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    PgServer {
+        url: format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
+    }
+}
