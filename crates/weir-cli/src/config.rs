@@ -33,6 +33,7 @@ use weir_core::{
     ConsoleSink, FileFormat, ForeachBatch, ParquetSink, StreamingDataFrame, Trigger, WeirSession,
 };
 use weir_delta::{DeltaAppend, DeltaMerge};
+use weir_postgres::PostgresUpsert;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -142,6 +143,25 @@ pub enum SinkConfig {
         #[serde(default)]
         optimize_every: Option<u64>,
     },
+    #[serde(rename_all = "kebab-case")]
+    PostgresUpsert {
+        /// libpq form (`host=.. port=.. user=.. dbname=..`) or a `postgresql://` URL;
+        /// `env:NAME` reads it from an environment variable (keeps passwords out of files).
+        url: String,
+        table: String,
+        keys: Vec<String>,
+        ordering: String,
+        #[serde(default)]
+        ledger: Option<String>,
+        #[serde(default)]
+        app_id: Option<String>,
+        #[serde(default)]
+        dedupe: Option<bool>,
+        #[serde(default)]
+        create_table: bool,
+        #[serde(default)]
+        staging_table: Option<String>,
+    },
 }
 
 impl SinkConfig {
@@ -152,6 +172,7 @@ impl SinkConfig {
             SinkConfig::Console { .. } => "console".into(),
             SinkConfig::DeltaAppend { path, .. } => format!("delta-append {}", path.display()),
             SinkConfig::DeltaMerge { path, .. } => format!("delta-merge {}", path.display()),
+            SinkConfig::PostgresUpsert { table, .. } => format!("postgres-upsert {table}"),
         }
     }
 }
@@ -184,7 +205,7 @@ impl Pipeline {
                 SinkConfig::Parquet { path, .. }
                 | SinkConfig::DeltaAppend { path, .. }
                 | SinkConfig::DeltaMerge { path, .. } => fix(path),
-                SinkConfig::Console { .. } => {}
+                SinkConfig::Console { .. } | SinkConfig::PostgresUpsert { .. } => {}
             }
         }
     }
@@ -216,7 +237,7 @@ impl Pipeline {
             bail!("invalid setting 'sink': at least one [[sink]] is required");
         }
         for (i, s) in self.sinks.iter().enumerate() {
-            if let SinkConfig::DeltaMerge { keys, .. } = s
+            if let SinkConfig::DeltaMerge { keys, .. } | SinkConfig::PostgresUpsert { keys, .. } = s
                 && keys.is_empty()
             {
                 bail!("invalid setting 'sink[{i}].keys': a MERGE needs at least one key column");
@@ -349,6 +370,37 @@ impl Pipeline {
                             d = d.optimize_every(*n);
                         }
                         Arc::new(d)
+                    }
+                    SinkConfig::PostgresUpsert {
+                        url,
+                        table,
+                        keys,
+                        ordering,
+                        ledger,
+                        app_id,
+                        dedupe,
+                        create_table,
+                        staging_table,
+                    } => {
+                        let url = match url.strip_prefix("env:") {
+                            Some(var) => std::env::var(var).map_err(|_| {
+                                anyhow!("invalid setting 'sink.url': environment variable {var} is not set")
+                            })?,
+                            None => url.clone(),
+                        };
+                        let mut p = PostgresUpsert::new(url, table, keys.clone(), ordering)
+                            .dedupe(dedupe.unwrap_or(true))
+                            .create_table(*create_table);
+                        if let Some(l) = ledger {
+                            p = p.ledger(l);
+                        }
+                        if let Some(a) = app_id {
+                            p = p.app_id(a);
+                        }
+                        if let Some(s) = staging_table {
+                            p = p.staging_table(s);
+                        }
+                        Arc::new(p)
                     }
                 };
                 Ok((s.label(), sink))

@@ -11,6 +11,7 @@ use weir_core::{
     BatchContext, BoxError, ForeachBatch, ParquetSink, Trigger, WeirSession, dedupe_latest,
 };
 use weir_delta::{DeltaMerge, read_table, table_version};
+use weir_postgres::{PostgresUpsert, tokio_postgres};
 
 use crate::generate::{GenArgs, generate, orders_schema};
 use crate::report::HumanLines;
@@ -34,6 +35,10 @@ pub struct DemoArgs {
     /// Files per batch (maxFilesPerTrigger).
     #[arg(long, default_value_t = 2)]
     pub max_files_per_trigger: usize,
+    /// Also upsert into PostgreSQL (table `weir_demo_orders`), the worked example's second
+    /// sink: libpq form (`host=.. port=.. user=.. dbname=..`) or a `postgresql://` URL.
+    #[arg(long)]
+    pub postgres: Option<String>,
 }
 
 fn prepare_dir(dir: &Path) -> Result<()> {
@@ -58,6 +63,10 @@ fn prepare_dir(dir: &Path) -> Result<()> {
 pub async fn run(args: DemoArgs) -> Result<()> {
     let dir = &args.dir;
     prepare_dir(dir)?;
+    if let Some(url) = &args.postgres {
+        // The demo owns this table: start it afresh like the folder.
+        pg_exec(url, &format!("DROP TABLE IF EXISTS {PG_TABLE}")).await?;
+    }
     let input = dir.join("input");
     generate(&GenArgs {
         dir: input.clone(),
@@ -84,6 +93,13 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         "updated_at",
     ));
     let parquet = Arc::new(ParquetSink::new(&parquet_path));
+    let pg = args.postgres.as_ref().map(|url| {
+        Arc::new(
+            PostgresUpsert::new(url, PG_TABLE, vec!["order_id".into()], "updated_at")
+                .create_table(true)
+                .dedupe(false),
+        )
+    });
     let session = WeirSession::new();
     let query = session
         .read_stream()
@@ -97,14 +113,18 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         .trigger(Trigger::AvailableNow)
         .listener(Arc::new(HumanLines))
         .foreach_batch(move |batch: DataFrame, ctx: BatchContext| {
-            let (merge, parquet) = (merge.clone(), parquet.clone());
+            let (merge, parquet, pg) = (merge.clone(), parquet.clone(), pg.clone());
             async move {
-                // The worked example: newest row per order, held once for both writes.
+                // The worked example: newest row per order, held once for every write,
+                // the write hardest to undo (PostgreSQL) last.
                 let latest = dedupe_latest(batch, &["order_id".to_string()], "updated_at")?
                     .cache()
                     .await?;
                 merge.call(latest.clone(), ctx.clone()).await?;
-                parquet.call(latest, ctx).await?;
+                parquet.call(latest.clone(), ctx.clone()).await?;
+                if let Some(pg) = pg {
+                    pg.call(latest, ctx).await?;
+                }
                 Ok::<(), BoxError>(())
             }
         })
@@ -163,5 +183,37 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     if missing != 0 || extra != 0 || table_rows != expected {
         bail!("the Delta table does not match the input: {missing} missing, {extra} extra");
     }
+    if let Some(url) = &args.postgres {
+        let n = postgres_count(url).await?;
+        println!("postgres    {PG_TABLE} : {n} rows");
+        if n != expected as i64 {
+            bail!("the PostgreSQL table has {n} rows, expected {expected}");
+        }
+    }
     Ok(())
+}
+
+const PG_TABLE: &str = "weir_demo_orders";
+
+async fn pg_exec(url: &str, sql: &str) -> Result<()> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .context("connecting to PostgreSQL (--postgres)")?;
+    tokio::spawn(conn);
+    client
+        .batch_execute(sql)
+        .await
+        .with_context(|| sql.to_string())?;
+    Ok(())
+}
+
+async fn postgres_count(url: &str) -> Result<i64> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .context("connecting to PostgreSQL to count the demo's rows")?;
+    tokio::spawn(conn);
+    let row = client
+        .query_one(&format!("SELECT count(*) FROM {PG_TABLE}"), &[])
+        .await?;
+    Ok(row.get(0))
 }

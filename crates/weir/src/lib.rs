@@ -14,3 +14,7 @@ pub use weir_core::*;
 /// Delta Lake sinks: idempotent append and MERGE upsert.
 #[cfg(feature = "delta")]
 pub use weir_delta as delta;
+
+/// PostgreSQL sinks: exactly-once upsert and the ledger helper.
+#[cfg(feature = "postgres")]
+pub use weir_postgres as postgres;

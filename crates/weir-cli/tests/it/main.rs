@@ -331,3 +331,85 @@ fn the_demo_runs_on_embedded_defaults_and_checks_its_table() {
     let again = run_weir(&bin(), &["demo", "--dir", work.to_str().unwrap()], None);
     assert!(again.status.success());
 }
+
+#[tokio::test]
+async fn a_kill_around_the_postgres_transaction_leaves_the_table_equal_to_the_reference() {
+    let url = weir_testkit::postgres().url.clone();
+    for (i, point) in [
+        "pg-before-begin",
+        "pg-after-copy",
+        "pg-after-commit",
+        "after-user-fn",
+        "after-commit-write",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 5, 40, 30);
+        let table = format!("kill_orders_{i}");
+        let sinks = format!(
+            "[[sink]]\ntype = \"delta-merge\"\npath = \"delta\"\nkeys = [\"order_id\"]\nordering = \"updated_at\"\n\n\
+             [[sink]]\ntype = \"postgres-upsert\"\nurl = \"{url}\"\ntable = \"{table}\"\nkeys = [\"order_id\"]\n\
+             ordering = \"updated_at\"\ncreate-table = true\n"
+        );
+        let p = pipeline(dir.path(), &sinks);
+        let out = run_weir(
+            &bin(),
+            &["run", p.to_str().unwrap()],
+            Some(&format!("{point}@2")),
+        );
+        assert!(!out.status.success(), "{point}");
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        assert!(
+            out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        let ctx = SessionContext::new();
+        let all = ctx
+            .read_json(
+                input.to_str().unwrap(),
+                JsonReadOptions::default()
+                    .schema(&weir_cli_schema())
+                    .file_extension(".json"),
+            )
+            .await
+            .unwrap();
+        let reference = weir_core::dedupe_latest(all, &["order_id".to_string()], "updated_at")
+            .unwrap()
+            .select_columns(&["order_id", "status", "amount"])
+            .unwrap();
+        let want = rows(reference).await;
+        let got = weir_testkit::pg_rows(
+            &url,
+            &format!("SELECT order_id::text, status, amount::text FROM {table}"),
+        )
+        .await;
+        assert_eq!(
+            got, want,
+            "{point}: PostgreSQL table = newest row per key over all input"
+        );
+        let meta: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("chk/metadata")).unwrap(),
+        )
+        .unwrap();
+        let app_id = format!("orders-{}", meta["id"].as_str().unwrap());
+        let ledger = weir_testkit::pg_rows(
+            &url,
+            &format!("SELECT batch_id::text FROM weir_batches WHERE app_id = '{app_id}'"),
+        )
+        .await;
+        assert_eq!(
+            ledger,
+            vec!["0", "1", "2", "3", "4"],
+            "{point}: one ledger row per batch"
+        );
+        let version = weir_delta::table_version(&dir.path().join("delta"))
+            .await
+            .unwrap();
+        assert_eq!(version, Some(4), "{point}: one Delta commit per batch");
+    }
+}
