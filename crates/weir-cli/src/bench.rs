@@ -6,6 +6,8 @@
 //! - `delta-merge`: the same files, 1,000,000 keys, MERGE into a Delta table that grows to
 //!   about 865,000 rows (200k-row batches).
 //! - `delta-append`: the same files appended to a Delta table with the transaction.
+//! - `postgres-copy` / `postgres-insert` (with `--postgres URL`): the same files as
+//!   `delta-merge`, upserted into PostgreSQL with binary COPY or with multi-row INSERT.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -16,6 +18,7 @@ use weir_core::datafusion::prelude::DataFrame;
 use weir_core::engine::{QueryListener, StreamingQueryProgress};
 use weir_core::{BatchContext, ForeachBatch, ParquetSink, Trigger, WeirSession, dedupe_latest};
 use weir_delta::{DeltaAppend, DeltaMerge};
+use weir_postgres::{LoadMode, PostgresUpsert, tokio_postgres};
 
 use crate::generate::{GenArgs, generate, orders_schema};
 
@@ -27,6 +30,9 @@ pub struct BenchArgs {
     /// Work folder (default: a new temp folder).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// PostgreSQL server for the postgres-* scenarios (they are skipped without it).
+    #[arg(long)]
+    pub postgres: Option<String>,
     /// Scale the row counts down (e.g. 10 for a quick look).
     #[arg(long, default_value_t = 1)]
     pub scale_down: usize,
@@ -66,6 +72,7 @@ enum Sink {
     Parquet,
     Merge,
     Append,
+    Postgres(String, LoadMode),
 }
 
 async fn scenario(
@@ -107,6 +114,15 @@ async fn scenario(
         }
         Sink::Merge => Arc::new(DeltaMerge::new(&out, keys_col.clone(), "updated_at")),
         Sink::Append => Arc::new(DeltaAppend::new(&out)),
+        Sink::Postgres(url, mode) => {
+            let table = format!("bench_{}", name.replace('-', "_"));
+            drop_table(&url, &table).await?;
+            Arc::new(
+                PostgresUpsert::new(url, table, keys_col.clone(), "updated_at")
+                    .create_table(true)
+                    .load_mode(mode),
+            )
+        }
     };
     let collect = Arc::new(Collect::default());
     let started = Instant::now();
@@ -148,6 +164,15 @@ async fn scenario(
         "peak_rss_mb": peak_rss_mb(),
     });
     println!("{line}");
+    Ok(())
+}
+
+async fn drop_table(url: &str, table: &str) -> Result<()> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
+        .await?;
     Ok(())
 }
 
@@ -206,6 +231,22 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         )
         .await?;
         ran = true;
+    }
+    for (name, mode) in [
+        ("postgres-copy", LoadMode::Copy),
+        ("postgres-insert", LoadMode::Insert),
+    ] {
+        if all || args.scenario == name {
+            match &args.postgres {
+                Some(url) => {
+                    let sink = Sink::Postgres(url.clone(), mode);
+                    scenario(name, &work, 200, 10_000 / s, 1_000_000 / s as u64, 20, sink).await?;
+                }
+                None if all => eprintln!("{name}: skipped (give --postgres URL)"),
+                None => bail!("{name} needs --postgres URL"),
+            }
+            ran = true;
+        }
     }
     if !ran {
         bail!(

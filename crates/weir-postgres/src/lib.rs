@@ -27,7 +27,7 @@ mod upsert;
 pub use error::PostgresSinkError;
 pub use ledger::PostgresLedger;
 pub use types::pg_type;
-pub use upsert::PostgresUpsert;
+pub use upsert::{LoadMode, PostgresUpsert};
 
 /// tokio-postgres, re-exported for `PostgresLedger::run_once` closures.
 pub use tokio_postgres;

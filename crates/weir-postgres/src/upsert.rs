@@ -15,6 +15,17 @@ use crate::ledger::{Conn, claim, create_ledger_sql};
 use crate::quote_ident;
 use crate::types::{Cell, cell, pg_type};
 
+/// How rows reach the temp table inside the transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadMode {
+    /// Binary `COPY ... FROM STDIN` (default, fastest).
+    #[default]
+    Copy,
+    /// Multi-row `INSERT ... VALUES` with bind parameters, for servers or poolers without
+    /// COPY support; slower (see the bench).
+    Insert,
+}
+
 /// Upserts each batch into a PostgreSQL table by key, newest `ordering` wins, exactly once
 /// per batch id. See the crate docs for the transaction it runs.
 #[derive(Debug)]
@@ -28,6 +39,7 @@ pub struct PostgresUpsert {
     dedupe: bool,
     create_table: bool,
     staging: Option<String>,
+    load: LoadMode,
 }
 
 struct Columns {
@@ -55,7 +67,14 @@ impl PostgresUpsert {
             dedupe: true,
             create_table: false,
             staging: None,
+            load: LoadMode::Copy,
         }
+    }
+
+    /// How rows reach the temp table (default binary COPY).
+    pub fn load_mode(mut self, mode: LoadMode) -> Self {
+        self.load = mode;
+        self
     }
 
     /// The ledger table (default `weir_batches`, created if missing).
@@ -217,6 +236,40 @@ impl PostgresUpsert {
         writer.finish().await
     }
 
+    async fn insert_rows(
+        tx: &Transaction<'_>,
+        temp: &str,
+        list: &str,
+        cols: &Columns,
+        batches: &[RecordBatch],
+    ) -> Result<(), tokio_postgres::Error> {
+        let width = cols.names.len().max(1);
+        let per_stmt = (65_535 / width).min(1000);
+        for b in batches {
+            let mut start = 0;
+            while start < b.num_rows() {
+                let n = per_stmt.min(b.num_rows() - start);
+                let cells: Vec<Cell> = (start..start + n)
+                    .flat_map(|row| b.columns().iter().map(move |a| cell(a, row)))
+                    .collect();
+                let values: Vec<String> = (0..n)
+                    .map(|r| {
+                        let ps: Vec<String> = (0..width)
+                            .map(|c| format!("${}::{}", r * width + c + 1, cols.sql_types[c]))
+                            .collect();
+                        format!("({})", ps.join(", "))
+                    })
+                    .collect();
+                let sql = format!("INSERT INTO {temp} ({list}) VALUES {}", values.join(", "));
+                let params: Vec<&(dyn ToSql + Sync)> =
+                    cells.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+                tx.execute(&sql, &params).await?;
+                start += n;
+            }
+        }
+        Ok(())
+    }
+
     async fn upsert(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), PostgresSinkError> {
         let id = ctx.batch_id;
         if self.keys.is_empty() {
@@ -363,14 +416,21 @@ impl PostgresUpsert {
                 ))
                 .await
                 .map_err(self.db(id, "creating the temp table"))?;
-                let copy = format!("COPY {temp} ({list}) FROM STDIN (FORMAT binary)");
-                let sink = tx
-                    .copy_in(&copy)
-                    .await
-                    .map_err(self.db(id, "COPY into the temp table"))?;
-                Self::copy_rows(sink, cols, batches, &[])
-                    .await
-                    .map_err(self.db(id, "COPY into the temp table"))?;
+                match self.load {
+                    LoadMode::Copy => {
+                        let copy = format!("COPY {temp} ({list}) FROM STDIN (FORMAT binary)");
+                        let sink = tx
+                            .copy_in(&copy)
+                            .await
+                            .map_err(self.db(id, "COPY into the temp table"))?;
+                        Self::copy_rows(sink, cols, batches, &[])
+                            .await
+                            .map_err(self.db(id, "COPY into the temp table"))?;
+                    }
+                    LoadMode::Insert => Self::insert_rows(tx, temp, list, cols, batches)
+                        .await
+                        .map_err(self.db(id, "INSERT into the temp table"))?,
+                }
                 fault::hit("pg-after-copy", id).map_err(self.engine(id))?;
                 let upsert = self.upsert_sql(cols, temp, "");
                 tx.execute(&upsert, &[])

@@ -340,3 +340,28 @@ async fn the_ledger_helper_runs_user_sql_once_per_batch() {
         vec!["7"]
     );
 }
+
+#[tokio::test]
+async fn the_insert_load_mode_gives_the_same_table_as_copy() {
+    let url = &postgres().url;
+    let q = uuid::Uuid::new_v4();
+    for (table, mode) in [
+        ("orders_copy_f", weir_postgres::LoadMode::Copy),
+        ("orders_insert_f", weir_postgres::LoadMode::Insert),
+    ] {
+        let sink = PostgresUpsert::new(url, table, vec!["order_id".into()], "updated_at")
+            .create_table(true)
+            .load_mode(mode);
+        sink.call(df(&[(1, "a", 1), (2, "b", 1), (1, "c", 2)]), ctx(q, 0))
+            .await
+            .unwrap();
+        sink.call(df(&[(2, "d", 3), (3, "e", 1)]), ctx(q, 1))
+            .await
+            .unwrap();
+    }
+    assert_eq!(orders("orders_copy_f").await, vec!["1|c", "2|d", "3|e"]);
+    assert_eq!(
+        orders("orders_insert_f").await,
+        orders("orders_copy_f").await
+    );
+}
