@@ -83,7 +83,7 @@ impl PostgresUpsert {
         self
     }
 
-    /// An explicit application id instead of the query name plus query id.
+    /// An explicit ledger key instead of `<query name>-<query id>/<table>`.
     pub fn app_id(mut self, id: impl Into<String>) -> Self {
         self.app_id = Some(id.into());
         self
@@ -295,7 +295,12 @@ impl PostgresUpsert {
                 source,
             })?;
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        let app_id = self.app_id.clone().unwrap_or_else(|| ctx.app_id());
+        // The ledger is shared by every table of the database: the default key names the
+        // table too, so two upserts of one query into two tables do not hide each other.
+        let app_id = self
+            .app_id
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}", ctx.app_id(), self.table));
         let mut guard = self.conn.get().await.map_err(self.db(id, "connecting"))?;
         let Some(client) = guard.as_mut() else {
             return Err(PostgresSinkError::Config {

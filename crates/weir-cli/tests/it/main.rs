@@ -396,7 +396,7 @@ async fn a_kill_around_the_postgres_transaction_leaves_the_table_equal_to_the_re
             &std::fs::read_to_string(dir.path().join("chk/metadata")).unwrap(),
         )
         .unwrap();
-        let app_id = format!("orders-{}", meta["id"].as_str().unwrap());
+        let app_id = format!("orders-{}/{table}", meta["id"].as_str().unwrap());
         let ledger = weir_testkit::pg_rows(
             &url,
             &format!("SELECT batch_id::text FROM weir_batches WHERE app_id = '{app_id}'"),

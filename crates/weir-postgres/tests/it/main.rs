@@ -110,7 +110,7 @@ async fn upsert_keeps_the_newest_row_per_key_and_a_replay_is_skipped_by_the_ledg
     let ledger = pg_rows(
         url,
         &format!(
-            "SELECT batch_id::text, rows::text FROM weir_batches WHERE app_id = '{}'",
+            "SELECT batch_id::text, rows::text FROM weir_batches WHERE app_id = '{}/orders_a'",
             replay.app_id()
         ),
     )
@@ -130,7 +130,7 @@ async fn the_staging_variant_lands_each_batch_once_and_clears_its_staging_rows()
         .unwrap();
     // Rows left by a dead attempt of batch 1 in staging are cleared by the next attempt.
     pg_exec(url, &format!(
-        "INSERT INTO orders_b_staging VALUES (7, 'stale', now(), 'orders-{q}', 1), (7, 'stale', now(), 'orders-{q}', 1)"
+        "INSERT INTO orders_b_staging VALUES (7, 'stale', now(), 'orders-{q}/orders_b', 1), (7, 'stale', now(), 'orders-{q}/orders_b', 1)"
     ))
     .await;
     sink.call(df(&[(2, "c", 5)]), ctx(q, 1)).await.unwrap();
