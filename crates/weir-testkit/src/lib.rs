@@ -124,3 +124,6 @@ pub async fn pg_exec(url: &str, sql: &str) {
         panic!("{sql}: {e}");
     }
 }
+
+mod kafka;
+pub use kafka::{KafkaBroker, kafka};

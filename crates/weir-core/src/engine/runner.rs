@@ -454,7 +454,7 @@ impl Runner {
                 num_input_rows: rows,
                 input_rows_per_second: input,
                 processed_rows_per_second: processed,
-                metrics: BTreeMap::new(),
+                metrics: self.spec.source.metrics(),
             }],
             sink: SinkProgress {
                 description: "ForeachBatchSink".into(),

@@ -116,6 +116,12 @@ pub trait Source: Send + Sync {
         end: &SourceOffset,
     ) -> Result<DataFrame>;
 
+    /// Figures for the progress report's `sources[].metrics` (e.g. Kafka's
+    /// `maxOffsetsBehindLatest`), as of the last `latest_offset`.
+    fn metrics(&self) -> std::collections::BTreeMap<String, String> {
+        std::collections::BTreeMap::new()
+    }
+
     /// Batch up to `end` is committed: the source may forget what lies before it. Errors
     /// here do not un-commit the batch; they stop the query.
     async fn commit(&self, _end: &SourceOffset) -> Result<()> {

@@ -155,3 +155,70 @@ async fn the_parquet_sink_writes_the_same_files_again_on_replay() {
         .unwrap();
     assert_eq!(ids(&rows), (0..10).collect::<Vec<_>>());
 }
+
+#[tokio::test]
+async fn retention_and_compaction_keep_the_seen_files_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, chk) = (dir.path().join("in"), dir.path().join("chk"));
+    for f in 0..25 {
+        write_file(&input, &format!("f{f:02}.json"), f * 10..f * 10 + 2);
+    }
+    let run = |seen: Seen| {
+        let (input, chk) = (input.clone(), chk.clone());
+        async move {
+            let q = WeirSession::new()
+                .read_stream()
+                .files(&input)
+                .schema(schema())
+                .max_files_per_trigger(1)
+                .load()
+                .unwrap()
+                .write_stream()
+                .checkpoint(&chk)
+                .min_batches_to_retain(3)
+                .trigger(Trigger::AvailableNow)
+                .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
+                    let seen = seen.clone();
+                    async move {
+                        let got = ids(&b.collect().await?);
+                        seen.lock().unwrap().push((ctx.batch_id, got));
+                        Ok::<(), BoxError>(())
+                    }
+                })
+                .start()
+                .await
+                .unwrap();
+            q.await_termination().await.unwrap();
+        }
+    };
+    let seen: Seen = Arc::default();
+    run(seen.clone()).await;
+    assert_eq!(seen.lock().unwrap().len(), 25);
+    let mut offsets: Vec<String> = std::fs::read_dir(chk.join("offsets"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    offsets.sort();
+    assert_eq!(
+        offsets,
+        vec!["22", "23", "24"],
+        "only the last 3 batches are kept"
+    );
+    let mut logs: Vec<String> = std::fs::read_dir(chk.join("sources/0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    logs.sort();
+    assert_eq!(
+        logs,
+        vec!["19.compact", "20", "21", "22", "23", "24"],
+        "{logs:?}"
+    );
+    // After a restart no old file is taken again; a new one is.
+    write_file(&input, "g.json", 900..901);
+    let again: Seen = Arc::default();
+    run(again.clone()).await;
+    assert_eq!(*again.lock().unwrap(), vec![(25, vec![900])]);
+}

@@ -1,0 +1,350 @@
+//! The Kafka source against a Kafka-protocol broker (noida-db, started by the test kit).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use weir_core::datafusion::arrow::array::{Array, AsArray, Int64Array};
+use weir_core::datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
+use weir_core::datafusion::prelude::DataFrame;
+use weir_core::{BatchContext, BoxError, Trigger, WeirSession};
+use weir_kafka::{BadRecordMode, KafkaOptions, KafkaSource, ValueFormat, rdkafka};
+use weir_testkit::kafka;
+
+fn admin() -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", &kafka().bootstrap)
+        .create()
+        .unwrap()
+}
+
+async fn topic(name: &str, partitions: i32) {
+    let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let r = admin()
+        .create_topics(&[t], &AdminOptions::new())
+        .await
+        .unwrap();
+    for x in r {
+        x.unwrap();
+    }
+}
+
+async fn produce(topic: &str, partition: i32, values: &[String]) {
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka().bootstrap)
+        .create()
+        .unwrap();
+    for v in values {
+        p.send(
+            FutureRecord::<(), _>::to(topic)
+                .partition(partition)
+                .payload(v),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    }
+}
+
+type Batches = Arc<Mutex<Vec<(u64, Vec<(i32, i64)>)>>>;
+
+async fn run(
+    opts: KafkaOptions,
+    chk: &std::path::Path,
+    max: Option<u64>,
+    seen: Batches,
+) -> weir_core::Result<weir_core::StreamingQuery> {
+    let mut r = WeirSession::new()
+        .read_stream()
+        .source(Arc::new(KafkaSource::new(opts)?));
+    if let Some(m) = max {
+        r = r.max_offsets_per_trigger(m);
+    }
+    let q = r
+        .load()?
+        .write_stream()
+        .checkpoint(chk)
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
+            let seen = seen.clone();
+            async move {
+                let rows = b.collect().await?;
+                let mut got = Vec::new();
+                for r in &rows {
+                    let p = r
+                        .column_by_name("partition")
+                        .unwrap()
+                        .as_primitive::<Int32Type>();
+                    let o = r
+                        .column_by_name("offset")
+                        .unwrap()
+                        .as_primitive::<Int64Type>();
+                    for i in 0..r.num_rows() {
+                        got.push((p.value(i), o.value(i)));
+                    }
+                }
+                seen.lock().unwrap().push((ctx.batch_id, got));
+                Ok::<(), BoxError>(())
+            }
+        })
+        .start()
+        .await?;
+    q.await_termination().await?;
+    Ok(q)
+}
+
+fn values(n: usize, tag: &str) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("{{\"id\":{i},\"tag\":\"{tag}\"}}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn batches_read_exact_ranges_over_three_partitions_and_the_limit_is_split_by_backlog() {
+    topic("ranges", 3).await;
+    produce("ranges", 0, &values(10, "a")).await;
+    produce("ranges", 1, &values(30, "b")).await;
+    produce("ranges", 2, &values(0, "c")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let seen: Batches = Arc::default();
+    let q = run(
+        KafkaOptions::new(&kafka().bootstrap, vec!["ranges".into()]),
+        dir.path(),
+        Some(20),
+        seen.clone(),
+    )
+    .await
+    .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    // Backlog 10 + 30, limit 20: 5 from partition 0 and 15 from partition 1, then again.
+    let counts: Vec<(usize, usize)> = seen
+        .iter()
+        .map(|(_, rows)| {
+            (
+                rows.iter().filter(|r| r.0 == 0).count(),
+                rows.iter().filter(|r| r.0 == 1).count(),
+            )
+        })
+        .collect();
+    assert_eq!(counts, vec![(5, 15), (5, 15)]);
+    let all: Vec<(i32, i64)> = seen.iter().flat_map(|(_, r)| r.clone()).collect();
+    let mut expect: Vec<(i32, i64)> = (0..10)
+        .map(|o| (0, o))
+        .chain((0..30).map(|o| (1, o)))
+        .collect();
+    expect.sort();
+    let mut got = all.clone();
+    got.sort();
+    assert_eq!(got, expect, "each record once");
+    let offsets = std::fs::read_to_string(dir.path().join("offsets/0")).unwrap();
+    assert!(
+        offsets.ends_with(r#"{"ranges":{"0":5,"1":15,"2":0}}"#),
+        "{offsets}"
+    );
+    let p = q.last_progress().unwrap();
+    assert_eq!(
+        p.sources[0]
+            .metrics
+            .get("maxOffsetsBehindLatest")
+            .map(String::as_str),
+        Some("0")
+    );
+    assert!(
+        dir.path().join("sources/0/0").exists(),
+        "the initial offsets are recorded"
+    );
+}
+
+#[tokio::test]
+async fn a_replayed_batch_reads_the_same_records_after_more_arrive() {
+    topic("replay", 2).await;
+    produce("replay", 0, &values(4, "a")).await;
+    produce("replay", 1, &values(4, "b")).await;
+    let dir = tempfile::tempdir().unwrap();
+    // Plan batch 0, then fail it.
+    let fail_seen: Batches = Arc::default();
+    let s2 = fail_seen.clone();
+    let q = WeirSession::new()
+        .read_stream()
+        .source(Arc::new(
+            KafkaSource::new(KafkaOptions::new(&kafka().bootstrap, vec!["replay".into()])).unwrap(),
+        ))
+        .load()
+        .unwrap()
+        .write_stream()
+        .checkpoint(dir.path())
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
+            let s2 = s2.clone();
+            async move {
+                let n = b.count().await?;
+                s2.lock().unwrap().push((ctx.batch_id, vec![(0, n as i64)]));
+                Err::<(), BoxError>("fail".into())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    assert!(q.await_termination().await.is_err());
+    produce("replay", 0, &values(3, "late")).await;
+    let seen: Batches = Arc::default();
+    run(
+        KafkaOptions::new(&kafka().bootstrap, vec!["replay".into()]),
+        dir.path(),
+        None,
+        seen.clone(),
+    )
+    .await
+    .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0].0, 0);
+    assert_eq!(
+        seen[0].1.len(),
+        8,
+        "batch 0 again with its recorded 8 records"
+    );
+    assert_eq!(seen[1].1, vec![(0, 4), (0, 5), (0, 6)], "then the new ones");
+}
+
+#[tokio::test]
+async fn a_partition_added_mid_stream_is_read_from_its_start() {
+    topic("grow", 1).await;
+    produce("grow", 0, &values(3, "a")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || KafkaOptions::new(&kafka().bootstrap, vec!["grow".into()]);
+    run(opts(), dir.path(), None, Arc::default()).await.unwrap();
+    let r = admin()
+        .create_partitions(&[NewPartitions::new("grow", 2)], &AdminOptions::new())
+        .await
+        .unwrap();
+    for x in r {
+        x.unwrap();
+    }
+    produce("grow", 1, &values(2, "new")).await;
+    produce("grow", 0, &values(1, "more")).await;
+    let seen: Batches = Arc::default();
+    run(opts(), dir.path(), None, seen.clone()).await.unwrap();
+    let mut got = seen.lock().unwrap()[0].1.clone();
+    got.sort();
+    assert_eq!(got, vec![(0, 3), (1, 0), (1, 1)]);
+}
+
+#[tokio::test]
+async fn lost_offsets_stop_the_query_or_are_skipped_with_fail_on_data_loss_false() {
+    topic("loss", 1).await;
+    produce("loss", 0, &values(5, "a")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = KafkaOptions::new(&kafka().bootstrap, vec!["loss".into()]);
+    // The recorded position says 100 but the partition ends at 5: the topic was recreated.
+    opts.starting_offsets =
+        weir_kafka::StartingOffsets::Explicit([("loss".to_string(), [(0, 100)].into())].into());
+    let err = run(opts.clone(), dir.path(), None, Arc::default())
+        .await
+        .unwrap_err();
+    let chain = weir_core::sink::error_chain(&err);
+    assert!(
+        chain.contains("data loss")
+            && chain.contains("topic loss partition 0")
+            && chain.contains("100"),
+        "{chain}"
+    );
+    let dir2 = tempfile::tempdir().unwrap();
+    opts.fail_on_data_loss = false;
+    let seen: Batches = Arc::default();
+    run(opts, dir2.path(), None, seen.clone()).await.unwrap();
+    assert_eq!(
+        seen.lock().unwrap()[0].1.len(),
+        5,
+        "read on from the earliest offset"
+    );
+}
+
+#[tokio::test]
+async fn malformed_json_fails_fast_naming_the_offset_or_is_kept_in_permissive_mode() {
+    topic("json", 1).await;
+    let mut vals = values(3, "ok");
+    vals.insert(1, "{not json".into());
+    produce("json", 0, &vals).await;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("tag", DataType::Utf8, true),
+    ]));
+    let opts = |mode| {
+        let mut o = KafkaOptions::new(&kafka().bootstrap, vec!["json".into()]);
+        o.value_format = ValueFormat::Json {
+            schema: schema.clone(),
+            mode,
+        };
+        o
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let q = WeirSession::new()
+        .read_stream()
+        .source(Arc::new(
+            KafkaSource::new(opts(BadRecordMode::FailFast)).unwrap(),
+        ))
+        .load()
+        .unwrap()
+        .write_stream()
+        .checkpoint(dir.path())
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(|_b: DataFrame, _c: BatchContext| async { Ok::<(), BoxError>(()) })
+        .start()
+        .await
+        .unwrap();
+    let chain = weir_core::sink::error_chain(&q.await_termination().await.unwrap_err());
+    assert!(
+        chain.contains("malformed record in topic json partition 0 at offset 1"),
+        "{chain}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    let q = WeirSession::new()
+        .read_stream()
+        .source(Arc::new(
+            KafkaSource::new(opts(BadRecordMode::Permissive)).unwrap(),
+        ))
+        .load()
+        .unwrap()
+        .write_stream()
+        .checkpoint(dir.path())
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(move |b: DataFrame, _c: BatchContext| {
+            let g = g.clone();
+            async move {
+                let rows = b.collect().await?;
+                for r in &rows {
+                    let id = r.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                    let bad = r.column(2).as_string::<i32>();
+                    for i in 0..r.num_rows() {
+                        g.lock().unwrap().push((
+                            (!id.is_null(i)).then(|| id.value(i)),
+                            (!bad.is_null(i)).then(|| bad.value(i).to_string()),
+                        ));
+                    }
+                }
+                Ok::<(), BoxError>(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    q.await_termination().await.unwrap();
+    assert_eq!(
+        *got.lock().unwrap(),
+        vec![
+            (Some(0), None),
+            (None, Some("{not json".to_string())),
+            (Some(1), None),
+            (Some(2), None)
+        ]
+    );
+}
