@@ -30,6 +30,9 @@ pub struct BenchArgs {
     /// Work folder (default: a new temp folder).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Kafka brokers for the kafka scenario (skipped without it).
+    #[arg(long)]
+    pub kafka: Option<String>,
     /// PostgreSQL server for the postgres-* scenarios (they are skipped without it).
     #[arg(long)]
     pub postgres: Option<String>,
@@ -248,6 +251,14 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             ran = true;
         }
     }
+    if all || args.scenario == "kafka" {
+        match &args.kafka {
+            Some(b) => kafka_scenario(b, 600_000 / s).await?,
+            None if all => eprintln!("kafka: skipped (give --kafka BROKERS)"),
+            None => bail!("kafka needs --kafka BROKERS"),
+        }
+        ran = true;
+    }
     if !ran {
         bail!(
             "unknown scenario '{}': use fixed-cost, throughput, delta-merge, delta-append or all",
@@ -256,6 +267,112 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
     if args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&work);
+    }
+    Ok(())
+}
+
+/// Records/s from Kafka through JSON parsing into the batch DataFrame: produces `n` order
+/// records into a new 3-partition topic, then reads them in batches of 200,000.
+async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
+    use weir_kafka::rdkafka::ClientConfig;
+    use weir_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use weir_kafka::rdkafka::client::DefaultClientContext;
+    use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    use weir_kafka::{BadRecordMode, KafkaOptions, KafkaSource, ValueFormat};
+
+    let topic = format!("weir-bench-{}", std::process::id());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let mut pending = Vec::with_capacity(10_000);
+    for i in 0..n {
+        let v = format!(
+            "{{\"order_id\":{},\"status\":\"paid\",\"amount\":{}.25,\"updated_at\":\"2026-01-01T00:00:00.{:06}Z\"}}",
+            i % 100_000,
+            i % 1000,
+            i % 1_000_000
+        );
+        let p = producer.clone();
+        let t = topic.clone();
+        pending.push(tokio::spawn(async move {
+            p.send(
+                FutureRecord::<(), _>::to(&t)
+                    .partition((i % 3) as i32)
+                    .payload(&v),
+                std::time::Duration::from_secs(30),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| e)
+        }));
+        if pending.len() == 10_000 {
+            for h in pending.drain(..) {
+                h.await??;
+            }
+        }
+    }
+    for h in pending {
+        h.await??;
+    }
+    let mut opts = KafkaOptions::new(bootstrap, vec![topic.clone()]);
+    opts.value_format = ValueFormat::Json {
+        schema: orders_schema(),
+        mode: BadRecordMode::FailFast,
+    };
+    let work = std::env::temp_dir().join(format!("weir-bench-kafka-{}", std::process::id()));
+    let collect = Arc::new(Collect::default());
+    let started = Instant::now();
+    let query = WeirSession::new()
+        .read_stream()
+        .source(Arc::new(KafkaSource::new(opts)?))
+        .max_offsets_per_trigger(200_000)
+        .load()?
+        .write_stream()
+        .query_name("kafka-bench")
+        .checkpoint(work.join("checkpoint"))
+        .trigger(Trigger::AvailableNow)
+        .listener(collect.clone())
+        .foreach_batch(|batch: DataFrame, _ctx: BatchContext| async move {
+            batch.count().await?;
+            Ok::<(), weir_core::BoxError>(())
+        })
+        .start()
+        .await?;
+    query.await_termination().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let progress = collect.0.lock().map(|v| v.clone()).unwrap_or_default();
+    let rows: u64 = progress.iter().map(|p| p.num_input_rows).sum();
+    let get_ms: u64 = progress.iter().map(|p| p.duration("getBatch")).sum();
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "kafka",
+            "records": rows,
+            "batches": progress.len(),
+            "seconds": (seconds * 1000.0).round() / 1000.0,
+            "records_per_sec": (rows as f64 / seconds).round(),
+            "records_per_sec_read_and_parse": (rows as f64 / (get_ms as f64 / 1000.0)).round(),
+            "median_get_batch_ms": median(progress.iter().map(|p| p.duration("getBatch")).collect()),
+            "peak_rss_mb": peak_rss_mb(),
+        })
+    );
+    let _ = std::fs::remove_dir_all(&work);
+    if rows != n as u64 {
+        bail!("kafka: read {rows} records, produced {n}");
     }
     Ok(())
 }

@@ -33,6 +33,9 @@ use weir_core::{
     ConsoleSink, FileFormat, ForeachBatch, ParquetSink, StreamingDataFrame, Trigger, WeirSession,
 };
 use weir_delta::{DeltaAppend, DeltaMerge};
+use weir_kafka::{
+    BadRecordMode, KafkaOptions, KafkaSource, StartingOffsets, Subscribe, ValueFormat,
+};
 use weir_postgres::PostgresUpsert;
 
 #[derive(Debug, Deserialize)]
@@ -76,6 +79,33 @@ pub enum SourceConfig {
         csv_header: Option<bool>,
         #[serde(default)]
         csv_delimiter: Option<char>,
+    },
+    #[serde(rename_all = "kebab-case")]
+    Kafka {
+        bootstrap_servers: String,
+        #[serde(default)]
+        subscribe: Vec<String>,
+        #[serde(default)]
+        subscribe_pattern: Option<String>,
+        /// `earliest`, `latest`, or per-partition JSON `{"orders":{"0":12}}`.
+        #[serde(default)]
+        starting_offsets: Option<String>,
+        #[serde(default)]
+        max_offsets_per_trigger: Option<u64>,
+        #[serde(default)]
+        fail_on_data_loss: Option<bool>,
+        /// Passed to librdkafka as they are (`"security.protocol" = "SASL_SSL"`, ...);
+        /// a value `env:NAME` is read from the environment.
+        #[serde(default)]
+        kafka: std::collections::BTreeMap<String, String>,
+        /// `raw` (Spark's key/value/topic/... columns) or `json` (values parsed into `schema`).
+        #[serde(default)]
+        value_format: Option<String>,
+        #[serde(default)]
+        schema: Option<Vec<String>>,
+        /// `FAILFAST` or `PERMISSIVE` for malformed JSON values.
+        #[serde(default)]
+        mode: Option<String>,
     },
     #[serde(rename_all = "kebab-case")]
     Rate {
@@ -213,6 +243,9 @@ impl Pipeline {
     /// Checks the values serde cannot: the trigger, durations, schema types, sinks.
     pub fn check(&self) -> Result<()> {
         self.trigger()?;
+        if let SourceConfig::Kafka { .. } = &self.source {
+            self.kafka_options()?;
+        }
         if let SourceConfig::Files {
             schema,
             max_file_age,
@@ -288,6 +321,16 @@ impl Pipeline {
                 }
                 r.load()?
             }
+            SourceConfig::Kafka {
+                max_offsets_per_trigger,
+                ..
+            } => {
+                let mut r = reader.source(Arc::new(KafkaSource::new(self.kafka_options()?)?));
+                if let Some(n) = max_offsets_per_trigger {
+                    r = r.max_offsets_per_trigger(*n);
+                }
+                r.load()?
+            }
             SourceConfig::Rate {
                 rows_per_second,
                 max_offsets_per_trigger,
@@ -303,6 +346,88 @@ impl Pipeline {
             Some(t) => frame.sql(t.sql.clone()),
             None => frame,
         })
+    }
+
+    /// The Kafka source's options, checked.
+    pub fn kafka_options(&self) -> Result<KafkaOptions> {
+        let SourceConfig::Kafka {
+            bootstrap_servers,
+            subscribe,
+            subscribe_pattern,
+            starting_offsets,
+            fail_on_data_loss,
+            kafka,
+            value_format,
+            schema,
+            mode,
+            ..
+        } = &self.source
+        else {
+            bail!("not a kafka source");
+        };
+        let mut o = KafkaOptions::new(bootstrap_servers, subscribe.clone());
+        match (subscribe.is_empty(), subscribe_pattern) {
+            (true, Some(p)) => o.subscribe = Subscribe::Pattern(p.clone()),
+            (false, None) => {}
+            _ => bail!(
+                "invalid setting 'source.subscribe': give either subscribe or subscribe-pattern"
+            ),
+        }
+        o.starting_offsets = match starting_offsets.as_deref() {
+            None | Some("earliest") => StartingOffsets::Earliest,
+            Some("latest") => StartingOffsets::Latest,
+            Some(json) => {
+                let v: serde_json::Value = serde_json::from_str(json)
+                    .map_err(|e| anyhow!("invalid setting 'source.starting-offsets': {e}"))?;
+                let mut m = weir_kafka::PartitionOffsets::new();
+                for (t, ps) in v.as_object().into_iter().flatten() {
+                    for (p, off) in ps.as_object().into_iter().flatten() {
+                        let (Ok(p), Some(off)) = (p.parse::<i32>(), off.as_i64()) else {
+                            bail!(
+                                "invalid setting 'source.starting-offsets': {json} is not {{\"topic\":{{\"0\":offset}}}}"
+                            );
+                        };
+                        m.entry(t.clone()).or_default().insert(p, off);
+                    }
+                }
+                StartingOffsets::Explicit(m)
+            }
+        };
+        o.fail_on_data_loss = fail_on_data_loss.unwrap_or(true);
+        for (k, v) in kafka {
+            let v = match v.strip_prefix("env:") {
+                Some(var) => std::env::var(var).map_err(|_| {
+                    anyhow!(
+                        "invalid setting 'source.kafka.{k}': environment variable {var} is not set"
+                    )
+                })?,
+                None => v.clone(),
+            };
+            o.kafka.insert(k.clone(), v);
+        }
+        o.value_format = match value_format.as_deref() {
+            None | Some("raw") => ValueFormat::Raw,
+            Some("json") => {
+                let cols = schema.as_ref().ok_or_else(|| {
+                    anyhow!(
+                        "invalid setting 'source.schema': required with value-format = \"json\""
+                    )
+                })?;
+                let mode = match mode.as_deref().map(str::to_ascii_uppercase).as_deref() {
+                    None | Some("FAILFAST") => BadRecordMode::FailFast,
+                    Some("PERMISSIVE") => BadRecordMode::Permissive,
+                    Some(m) => {
+                        bail!("invalid setting 'source.mode': '{m}' (use FAILFAST or PERMISSIVE)")
+                    }
+                };
+                ValueFormat::Json {
+                    schema: parse_schema(cols)?,
+                    mode,
+                }
+            }
+            Some(f) => bail!("invalid setting 'source.value-format': '{f}' (use raw or json)"),
+        };
+        Ok(o)
     }
 
     /// The sinks, in the order the file lists them.

@@ -413,3 +413,110 @@ async fn a_kill_around_the_postgres_transaction_leaves_the_table_equal_to_the_re
         assert_eq!(version, Some(4), "{point}: one Delta commit per batch");
     }
 }
+
+async fn kafka_topic_with_orders(name: &str, per_partition: usize) -> Vec<String> {
+    use weir_kafka::rdkafka::ClientConfig;
+    use weir_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use weir_kafka::rdkafka::client::DefaultClientContext;
+    use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    let bootstrap = &weir_testkit::kafka().bootstrap;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(name, 3, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let mut sent = Vec::new();
+    for p in 0..3 {
+        for i in 0..per_partition {
+            let id = p * 1000 + i as i32;
+            let v = format!(
+                "{{\"order_id\":{id},\"status\":\"s{i}\",\"amount\":{i}.5,\"updated_at\":\"2026-01-01T00:00:{:02}.000000Z\"}}",
+                i % 60
+            );
+            producer
+                .send(
+                    FutureRecord::<(), _>::to(name).partition(p).payload(&v),
+                    std::time::Duration::from_secs(10),
+                )
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+            sent.push(format!("{id}|s{i}"));
+        }
+    }
+    sent.sort();
+    sent
+}
+
+#[tokio::test]
+async fn a_kill_at_every_fault_point_reads_each_kafka_record_exactly_once_into_parquet() {
+    for (n, point) in RUNNER_POINTS
+        .iter()
+        .chain(["parquet-before-rename"].iter())
+        .enumerate()
+    {
+        let name = format!("orders_kill_{n}");
+        let sent = kafka_topic_with_orders(&name, 20).await;
+        let dir = temp_dir();
+        let p = dir.path().join("pipeline.toml");
+        std::fs::write(
+            &p,
+            format!(
+                r#"[query]
+name = "orders"
+checkpoint = "chk"
+trigger = "available-now"
+
+[source]
+type = "kafka"
+bootstrap-servers = "{}"
+subscribe = ["{name}"]
+max-offsets-per-trigger = 15
+value-format = "json"
+schema = {SCHEMA}
+
+[[sink]]
+type = "parquet"
+path = "out"
+"#,
+                weir_testkit::kafka().bootstrap
+            ),
+        )
+        .unwrap();
+        let out = run_weir(
+            &bin(),
+            &["run", p.to_str().unwrap()],
+            Some(&format!("{point}@2")),
+        );
+        assert!(
+            !out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        assert!(
+            out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got = parquet_rows(&dir.path().join("out"), &["order_id", "status"]).await;
+        assert_eq!(got, sent, "{point}: each record exactly once");
+        assert!(
+            dir.path().join("chk/commits/3").exists() && !dir.path().join("chk/offsets/4").exists(),
+            "{point}: 60 records in 4 batches of 15"
+        );
+    }
+}
