@@ -11,6 +11,7 @@ use weir_core::{
     BatchContext, BoxError, ForeachBatch, ParquetSink, Trigger, WeirSession, dedupe_latest,
 };
 use weir_delta::{DeltaMerge, read_table, table_version};
+use weir_kafka::{BadRecordMode, KafkaOptions, KafkaSource, ValueFormat};
 use weir_postgres::{PostgresUpsert, tokio_postgres};
 
 use crate::generate::{GenArgs, generate, orders_schema};
@@ -39,6 +40,10 @@ pub struct DemoArgs {
     /// sink: libpq form (`host=.. port=.. user=.. dbname=..`) or a `postgresql://` URL.
     #[arg(long)]
     pub postgres: Option<String>,
+    /// Read the orders from Kafka instead of the folder: the demo first produces the same
+    /// order lines into a new 3-partition topic on these brokers.
+    #[arg(long)]
+    pub kafka: Option<String>,
 }
 
 fn prepare_dir(dir: &Path) -> Result<()> {
@@ -101,12 +106,29 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         )
     });
     let session = WeirSession::new();
-    let query = session
-        .read_stream()
-        .files(&input)
-        .schema(orders_schema())
-        .max_files_per_trigger(args.max_files_per_trigger)
-        .load()?
+    let stream = match &args.kafka {
+        None => session
+            .read_stream()
+            .files(&input)
+            .schema(orders_schema())
+            .max_files_per_trigger(args.max_files_per_trigger)
+            .load()?,
+        Some(brokers) => {
+            let topic = produce_orders(brokers, &input).await?;
+            println!("produced the orders to Kafka topic {topic} on {brokers}");
+            let mut o = KafkaOptions::new(brokers, vec![topic]);
+            o.value_format = ValueFormat::Json {
+                schema: orders_schema(),
+                mode: BadRecordMode::FailFast,
+            };
+            session
+                .read_stream()
+                .source(Arc::new(KafkaSource::new(o)?))
+                .max_offsets_per_trigger((args.max_files_per_trigger * args.rows_per_file) as u64)
+                .load()?
+        }
+    };
+    let query = stream
         .write_stream()
         .query_name("orders-demo")
         .checkpoint(dir.join("checkpoint"))
@@ -194,6 +216,51 @@ pub async fn run(args: DemoArgs) -> Result<()> {
 }
 
 const PG_TABLE: &str = "weir_demo_orders";
+
+/// Produces every line of the order files to a new topic, round-robin over 3 partitions.
+async fn produce_orders(brokers: &str, input: &Path) -> Result<String> {
+    use weir_kafka::rdkafka::ClientConfig;
+    use weir_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use weir_kafka::rdkafka::client::DefaultClientContext;
+    use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    let topic = format!("weir-demo-orders-{}", chrono::Utc::now().timestamp_millis());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(input)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    let mut i = 0i32;
+    for f in files {
+        for line in std::fs::read_to_string(&f)?.lines() {
+            producer
+                .send(
+                    FutureRecord::<(), _>::to(&topic)
+                        .partition(i % 3)
+                        .payload(line),
+                    std::time::Duration::from_secs(30),
+                )
+                .await
+                .map_err(|(e, _)| anyhow::anyhow!("producing to {topic}: {e}"))?;
+            i += 1;
+        }
+    }
+    Ok(topic)
+}
 
 async fn pg_exec(url: &str, sql: &str) -> Result<()> {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
