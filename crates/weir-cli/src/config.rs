@@ -94,6 +94,10 @@ pub enum SourceConfig {
         max_offsets_per_trigger: Option<u64>,
         #[serde(default)]
         fail_on_data_loss: Option<bool>,
+        #[serde(default)]
+        min_offsets_per_trigger: Option<u64>,
+        #[serde(default)]
+        max_trigger_delay: Option<String>,
         /// Passed to librdkafka as they are (`"security.protocol" = "SASL_SSL"`, ...);
         /// a value `env:NAME` is read from the environment.
         #[serde(default)]
@@ -356,6 +360,8 @@ impl Pipeline {
             subscribe_pattern,
             starting_offsets,
             fail_on_data_loss,
+            min_offsets_per_trigger,
+            max_trigger_delay,
             kafka,
             value_format,
             schema,
@@ -394,6 +400,10 @@ impl Pipeline {
             }
         };
         o.fail_on_data_loss = fail_on_data_loss.unwrap_or(true);
+        o.min_offsets_per_trigger = *min_offsets_per_trigger;
+        if let Some(d) = max_trigger_delay {
+            o.max_trigger_delay = parse_duration("source.max-trigger-delay", d)?;
+        }
         for (k, v) in kafka {
             let v = match v.strip_prefix("env:") {
                 Some(var) => std::env::var(var).map_err(|_| {

@@ -59,6 +59,10 @@ pub struct KafkaOptions {
     pub value_format: ValueFormat,
     /// How long a read may wait for records it knows exist (default 60 s).
     pub fetch_timeout: Duration,
+    /// `minOffsetsPerTrigger`: wait for at least this many new records in all partitions…
+    pub min_offsets_per_trigger: Option<u64>,
+    /// …but no longer than `maxTriggerDelay` (default 15 min) since the last batch.
+    pub max_trigger_delay: Duration,
 }
 
 impl KafkaOptions {
@@ -72,6 +76,8 @@ impl KafkaOptions {
             kafka: BTreeMap::new(),
             value_format: ValueFormat::Raw,
             fetch_timeout: Duration::from_secs(60),
+            min_offsets_per_trigger: None,
+            max_trigger_delay: Duration::from_secs(15 * 60),
         }
     }
 }

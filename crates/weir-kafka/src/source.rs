@@ -26,6 +26,8 @@ pub struct KafkaSource {
     log_dir: Mutex<Option<PathBuf>>,
     /// Per-partition lag after the last planned batch, for progress.
     behind: Mutex<BTreeMap<String, String>>,
+    /// When the last batch was planned (or the source opened), for maxTriggerDelay.
+    last_batch: Mutex<std::time::Instant>,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -53,6 +55,7 @@ impl KafkaSource {
             schema,
             log_dir: Mutex::new(None),
             behind: Mutex::new(BTreeMap::new()),
+            last_batch: Mutex::new(std::time::Instant::now()),
         })
     }
 
@@ -390,7 +393,25 @@ impl Source for KafkaSource {
                 );
             }
         }
-        let moved = take.values().any(|&n| n > 0);
+        let mut moved = take.values().any(|&n| n > 0);
+        if let Some(min) = self.opts.min_offsets_per_trigger {
+            let available: i64 = backlog.values().sum();
+            let waited = self
+                .last_batch
+                .lock()
+                .map(|t| t.elapsed())
+                .unwrap_or_default();
+            if moved && (available as u64) < min && waited < self.opts.max_trigger_delay {
+                tracing::debug!(
+                    "{available} new records < minOffsetsPerTrigger {min}; waiting (maxTriggerDelay {:?})",
+                    self.opts.max_trigger_delay
+                );
+                moved = false;
+            }
+        }
+        if moved && let Ok(mut t) = self.last_batch.lock() {
+            *t = std::time::Instant::now();
+        }
         let end = SourceOffset::new(offsets_json(&end));
         match start {
             Some(s) if !moved => Ok(Some(s.clone())),

@@ -18,3 +18,7 @@ pub use weir_delta as delta;
 /// PostgreSQL sinks: exactly-once upsert and the ledger helper.
 #[cfg(feature = "postgres")]
 pub use weir_postgres as postgres;
+
+/// The Kafka source.
+#[cfg(feature = "kafka")]
+pub use weir_kafka as kafka;

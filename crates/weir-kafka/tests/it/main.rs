@@ -348,3 +348,46 @@ async fn malformed_json_fails_fast_naming_the_offset_or_is_kept_in_permissive_mo
         ]
     );
 }
+
+#[tokio::test]
+async fn min_offsets_per_trigger_waits_for_enough_records_or_the_max_trigger_delay() {
+    topic("minoffsets", 1).await;
+    produce("minoffsets", 0, &values(3, "a")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = KafkaOptions::new(&kafka().bootstrap, vec!["minoffsets".into()]);
+    opts.min_offsets_per_trigger = Some(100);
+    opts.max_trigger_delay = Duration::from_millis(1500);
+    let started = std::time::Instant::now();
+    let first = Arc::new(Mutex::new(None));
+    let f = first.clone();
+    let q = WeirSession::new()
+        .read_stream()
+        .source(Arc::new(KafkaSource::new(opts).unwrap()))
+        .load()
+        .unwrap()
+        .write_stream()
+        .checkpoint(dir.path())
+        .trigger(Trigger::ProcessingTime(Duration::from_millis(200)))
+        .foreach_batch(move |b: DataFrame, _c: BatchContext| {
+            let f = f.clone();
+            async move {
+                let n = b.count().await?;
+                f.lock().unwrap().get_or_insert((started.elapsed(), n));
+                Ok::<(), BoxError>(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    q.stop().await.unwrap();
+    let (after, n) = first
+        .lock()
+        .unwrap()
+        .expect("a batch after maxTriggerDelay");
+    assert_eq!(n, 3);
+    assert!(
+        after >= Duration::from_millis(1400),
+        "3 < 100 records: no batch before the delay ({after:?})"
+    );
+}
