@@ -127,3 +127,53 @@ pub async fn pg_exec(url: &str, sql: &str) {
 
 mod kafka;
 pub use kafka::{KafkaBroker, kafka};
+
+/// A DataFrame of orders `(order_id, status, updated_at)`; `updated_at` given in seconds.
+pub fn order_rows(rows: &[(i64, &str, i64)]) -> DataFrame {
+    use std::sync::Arc;
+    use weir_core::datafusion::arrow::array::{Int64Array, StringArray, TimestampMicrosecondArray};
+    use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    use weir_core::datafusion::arrow::record_batch::RecordBatch;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("order_id", DataType::Int64, false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new(
+            "updated_at",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        ),
+    ]));
+    let ts: Vec<i64> = rows.iter().map(|r| r.2 * 1_000_000).collect();
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            )),
+            Arc::new(TimestampMicrosecondArray::from(ts).with_timezone("UTC")),
+        ],
+    );
+    match batch.and_then(|b| SessionContext::new().read_batch(b).map_err(Into::into)) {
+        Ok(df) => df,
+        Err(e) => panic!("building order rows: {e}"),
+    }
+}
+
+/// The context a sink sees for batch `batch_id` of query `orders` with id `query_id`
+/// (a checkpoint counts as new at batch 0).
+pub fn batch_context(query_id: uuid::Uuid, batch_id: u64) -> weir_core::BatchContext {
+    weir_core::BatchContext {
+        query_id,
+        run_id: uuid::Uuid::new_v4(),
+        query_name: "orders".into(),
+        batch_id,
+        batch_timestamp_ms: 0,
+        session: SessionContext::new(),
+        is_replay: false,
+        checkpoint_is_new: batch_id == 0,
+        metrics: std::sync::Arc::new(weir_core::SinkMetrics::default()),
+    }
+}

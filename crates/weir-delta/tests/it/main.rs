@@ -3,62 +3,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::sync::Arc;
 
-use weir_core::datafusion::arrow::array::{Int64Array, StringArray, TimestampMicrosecondArray};
-use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
-use weir_core::{BatchContext, ForeachBatch, SinkMetrics};
+use weir_core::{BatchContext, ForeachBatch};
 use weir_delta::{DeltaAppend, DeltaMerge, read_table, recorded_version, table_version};
 
-fn schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("order_id", DataType::Int64, false),
-        Field::new("status", DataType::Utf8, false),
-        Field::new(
-            "updated_at",
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            false,
-        ),
-    ]))
-}
-
-/// Rows (order_id, status, updated_at in seconds).
 fn df(rows: &[(i64, &str, i64)]) -> DataFrame {
-    let b = RecordBatch::try_new(
-        schema(),
-        vec![
-            Arc::new(Int64Array::from(
-                rows.iter().map(|r| r.0).collect::<Vec<_>>(),
-            )),
-            Arc::new(StringArray::from(
-                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
-            )),
-            Arc::new(
-                TimestampMicrosecondArray::from(
-                    rows.iter().map(|r| r.2 * 1_000_000).collect::<Vec<_>>(),
-                )
-                .with_timezone("UTC"),
-            ),
-        ],
-    )
-    .unwrap();
-    SessionContext::new().read_batch(b).unwrap()
+    weir_testkit::order_rows(rows)
 }
 
 fn ctx(query_id: uuid::Uuid, batch_id: u64) -> BatchContext {
-    BatchContext {
-        query_id,
-        run_id: uuid::Uuid::new_v4(),
-        query_name: "orders".into(),
-        batch_id,
-        batch_timestamp_ms: 0,
-        session: SessionContext::new(),
-        is_replay: false,
-        checkpoint_is_new: batch_id == 0,
-        metrics: Arc::new(SinkMetrics::default()),
-    }
+    weir_testkit::batch_context(query_id, batch_id)
 }
 
 async fn table_rows(path: &Path) -> Vec<String> {
