@@ -275,24 +275,11 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 /// records into a new 3-partition topic, then reads them in batches of 200,000.
 async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
     use weir_kafka::rdkafka::ClientConfig;
-    use weir_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use weir_kafka::rdkafka::client::DefaultClientContext;
     use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
     use weir_kafka::{BadRecordMode, KafkaOptions, KafkaSource, ValueFormat};
 
     let topic = format!("weir-bench-{}", std::process::id());
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
-    for r in admin
-        .create_topics(
-            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await?
-    {
-        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
-    }
+    weir_kafka::create_topic(bootstrap, &topic, 3).await?;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("linger.ms", "20")

@@ -220,22 +220,9 @@ const PG_TABLE: &str = "weir_demo_orders";
 /// Produces every line of the order files to a new topic, round-robin over 3 partitions.
 async fn produce_orders(brokers: &str, input: &Path) -> Result<String> {
     use weir_kafka::rdkafka::ClientConfig;
-    use weir_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use weir_kafka::rdkafka::client::DefaultClientContext;
     use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
     let topic = format!("weir-demo-orders-{}", chrono::Utc::now().timestamp_millis());
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
-    for r in admin
-        .create_topics(
-            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await?
-    {
-        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
-    }
+    weir_kafka::create_topic(brokers, &topic, 3).await?;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()?;

@@ -8,11 +8,13 @@
 //! `<checkpoint>/sources/0/0` before it runs, as Spark does, so a replay of batch 0 does not
 //! depend on where `earliest` or `latest` has moved since.
 
+mod admin;
 mod error;
 mod options;
 mod read;
 mod source;
 
+pub use admin::create_topic;
 pub use error::KafkaSourceError;
 pub use options::{BadRecordMode, KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
 pub use source::KafkaSource;

@@ -416,24 +416,9 @@ async fn a_kill_around_the_postgres_transaction_leaves_the_table_equal_to_the_re
 
 async fn kafka_topic_with_orders(name: &str, per_partition: usize) -> Vec<String> {
     use weir_kafka::rdkafka::ClientConfig;
-    use weir_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use weir_kafka::rdkafka::client::DefaultClientContext;
     use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
     let bootstrap = &weir_testkit::kafka().bootstrap;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    for r in admin
-        .create_topics(
-            &[NewTopic::new(name, 3, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .unwrap()
-    {
-        r.unwrap();
-    }
+    weir_kafka::create_topic(bootstrap, name, 3).await.unwrap();
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()

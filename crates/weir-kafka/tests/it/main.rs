@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use weir_core::datafusion::arrow::array::{Array, AsArray, Int64Array};
@@ -24,14 +24,9 @@ fn admin() -> AdminClient<DefaultClientContext> {
 }
 
 async fn topic(name: &str, partitions: i32) {
-    let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    let r = admin()
-        .create_topics(&[t], &AdminOptions::new())
+    weir_kafka::create_topic(&kafka().bootstrap, name, partitions)
         .await
         .unwrap();
-    for x in r {
-        x.unwrap();
-    }
 }
 
 async fn produce(topic: &str, partition: i32, values: &[String]) {
