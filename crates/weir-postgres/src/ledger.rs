@@ -22,9 +22,11 @@ impl Conn {
         }
     }
 
-    /// A live client (connecting if there is none or it closed).
+    /// A live client (connecting if there is none or it closed). A new connection first
+    /// creates `ledger` if it is missing, so batches do not pay for that statement.
     pub async fn get(
         &self,
+        ledger: &str,
     ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, tokio_postgres::Error> {
         let mut guard = self.client.lock().await;
         if guard.as_ref().is_none_or(Client::is_closed) {
@@ -34,6 +36,7 @@ impl Conn {
                     tracing::debug!("PostgreSQL connection ended: {e}");
                 }
             });
+            client.batch_execute(&create_ledger_sql(ledger)).await?;
             *guard = Some(client);
         }
         Ok(guard)
@@ -48,7 +51,7 @@ impl std::fmt::Debug for Conn {
 }
 
 /// `CREATE TABLE IF NOT EXISTS <ledger> (...)`.
-pub(crate) fn create_ledger_sql(ledger: &str) -> String {
+fn create_ledger_sql(ledger: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {} (app_id text NOT NULL, batch_id bigint NOT NULL, \
          rows bigint NOT NULL, done_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (app_id, batch_id))",
@@ -115,7 +118,11 @@ impl PostgresLedger {
             source,
         };
         let app_id = self.app_id.clone().unwrap_or_else(|| ctx.app_id());
-        let mut guard = self.conn.get().await.map_err(|e| db("connecting", e))?;
+        let mut guard = self
+            .conn
+            .get(&self.ledger)
+            .await
+            .map_err(|e| db("connecting", e))?;
         let Some(client) = guard.as_mut() else {
             return Err(PostgresSinkError::Config {
                 table: self.ledger.clone(),
@@ -123,10 +130,6 @@ impl PostgresLedger {
                 reason: "no connection".into(),
             });
         };
-        client
-            .batch_execute(&create_ledger_sql(&self.ledger))
-            .await
-            .map_err(|e| db("creating the ledger", e))?;
         let tx = client.transaction().await.map_err(|e| db("BEGIN", e))?;
         if !claim(&tx, &self.ledger, &app_id, id, 0)
             .await

@@ -39,3 +39,12 @@ pub fn quote_ident(name: &str) -> String {
         .collect::<Vec<_>>()
         .join(".")
 }
+
+/// Quoted identifiers separated by commas: `"a", "b"`.
+pub(crate) fn quote_list(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| quote_ident(n))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -11,9 +11,9 @@ use weir_core::datafusion::prelude::DataFrame;
 use weir_core::{BatchContext, BoxError, ForeachBatch, dedupe_latest, fault};
 
 use crate::error::PostgresSinkError;
-use crate::ledger::{Conn, claim, create_ledger_sql};
-use crate::quote_ident;
+use crate::ledger::{Conn, claim};
 use crate::types::{Cell, cell, pg_type};
+use crate::{quote_ident, quote_list};
 
 /// How rows reach the temp table inside the transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -178,18 +178,8 @@ impl PostgresUpsert {
 
     /// `INSERT INTO target AS t (...) SELECT ... FROM <from> [WHERE ..] ON CONFLICT ...`.
     fn upsert_sql(&self, cols: &Columns, from: &str, filter: &str) -> String {
-        let list = cols
-            .names
-            .iter()
-            .map(|n| quote_ident(n))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let keys = self
-            .keys
-            .iter()
-            .map(|k| quote_ident(k))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let list = quote_list(&cols.names);
+        let keys = quote_list(&self.keys);
         let updates: Vec<String> = cols
             .names
             .iter()
@@ -301,7 +291,11 @@ impl PostgresUpsert {
             .app_id
             .clone()
             .unwrap_or_else(|| format!("{}/{}", ctx.app_id(), self.table));
-        let mut guard = self.conn.get().await.map_err(self.db(id, "connecting"))?;
+        let mut guard = self
+            .conn
+            .get(&self.ledger)
+            .await
+            .map_err(self.db(id, "connecting"))?;
         let Some(client) = guard.as_mut() else {
             return Err(PostgresSinkError::Config {
                 table: self.table.clone(),
@@ -309,17 +303,8 @@ impl PostgresUpsert {
                 reason: "no connection".into(),
             });
         };
-        client
-            .batch_execute(&create_ledger_sql(&self.ledger))
-            .await
-            .map_err(self.db(id, "creating the ledger"))?;
         if self.create_table {
-            let keys = self
-                .keys
-                .iter()
-                .map(|k| quote_ident(k))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let keys = quote_list(&self.keys);
             let sql = format!(
                 "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({keys}))",
                 quote_ident(&self.table),
@@ -330,12 +315,7 @@ impl PostgresUpsert {
                 .await
                 .map_err(self.db(id, "creating the table"))?;
         }
-        let list = cols
-            .names
-            .iter()
-            .map(|n| quote_ident(n))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let list = quote_list(&cols.names);
         if let Some(staging) = &self.staging {
             // The seed's variant: stage outside the transaction, cleared per attempt.
             let st = quote_ident(staging);
