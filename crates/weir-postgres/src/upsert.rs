@@ -366,6 +366,8 @@ impl PostgresUpsert {
         }
         self.write_in_tx(&tx, &cols, &batches, &list, &app_id, id)
             .await?;
+        // Killed here, the open transaction (ledger row included) is rolled back.
+        fault::hit("pg-before-commit", id).map_err(self.engine(id))?;
         tx.commit().await.map_err(self.db(id, "COMMIT"))?;
         fault::hit("pg-after-commit", id).map_err(self.engine(id))?;
         ctx.metrics.add_output_rows(rows as u64);
