@@ -40,8 +40,19 @@ impl QueryListener for HumanLines {
         } else {
             format!(", skipped as already written: {}", skipped.join(", "))
         };
+        let per_sink: Vec<String> = p
+            .sink
+            .metrics
+            .iter()
+            .filter_map(|(k, v)| Some(format!("{} {v} ms", k.strip_suffix(".durationMs")?)))
+            .collect();
+        let per_sink = if per_sink.len() > 1 {
+            format!(": {}", per_sink.join(", "))
+        } else {
+            String::new()
+        };
         println!(
-            "batch {}: {} rows in{out}{skip} in {} ms (addBatch {} ms)",
+            "batch {}: {} rows in{out}{skip} in {} ms (addBatch {} ms{per_sink})",
             p.batch_id,
             p.num_input_rows,
             p.duration("triggerExecution"),

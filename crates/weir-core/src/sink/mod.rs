@@ -52,7 +52,8 @@ where
 /// Several sinks fed from one read of the batch, in order: the batch is materialized once
 /// (so no sink reads the source again), each sink is called in turn, and the first error
 /// stops the rest. Put the write that is hardest to undo last. The memory is released when
-/// the call returns, whether it succeeded or not.
+/// the call returns, whether it succeeded or not. Each sink's time goes into the progress
+/// report's `sink.metrics` as `<name>.durationMs`.
 pub struct FanOut {
     sinks: Vec<(String, Arc<dyn ForeachBatch>)>,
 }
@@ -68,13 +69,21 @@ impl FanOut {
 impl ForeachBatch for FanOut {
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
         let batch = if self.sinks.len() > 1 {
-            batch.cache().await.map_err(|e| {
+            let started = std::time::Instant::now();
+            let cached = batch.cache().await.map_err(|e| {
                 Error::datafusion(format!("batch {}: caching for fan-out", ctx.batch_id), e)
-            })?
+            })?;
+            // Runs the transform: its time, apart from the sinks'.
+            ctx.metrics.note(
+                "cache.durationMs".into(),
+                started.elapsed().as_millis().to_string(),
+            );
+            cached
         } else {
             batch
         };
         for (name, sink) in &self.sinks {
+            let started = std::time::Instant::now();
             sink.call(batch.clone(), ctx.clone()).await.map_err(|e| {
                 Box::new(Error::Sink {
                     sink: name.clone(),
@@ -82,6 +91,11 @@ impl ForeachBatch for FanOut {
                     reason: error_chain(e.as_ref()),
                 }) as BoxError
             })?;
+            // Where addBatch went, per sink, in the progress report.
+            ctx.metrics.note(
+                format!("{name}.durationMs"),
+                started.elapsed().as_millis().to_string(),
+            );
         }
         Ok(())
     }
