@@ -217,36 +217,59 @@ pub async fn run(args: DemoArgs) -> Result<()> {
 
 const PG_TABLE: &str = "weir_demo_orders";
 
-/// Produces every line of the order files to a new topic, round-robin over 3 partitions.
+/// Produces every line of the order files to a new 3-partition topic.
 async fn produce_orders(brokers: &str, input: &Path) -> Result<String> {
-    use weir_kafka::rdkafka::ClientConfig;
-    use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
     let topic = format!("weir-demo-orders-{}", chrono::Utc::now().timestamp_millis());
     weir_kafka::create_topic(brokers, &topic, 3).await?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(input)?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .collect();
     files.sort();
-    let mut i = 0i32;
+    produce_lines(brokers, &topic, 3, &files, 0).await?;
+    Ok(topic)
+}
+
+/// Produces every line of `files` to `topic`, round-robin over `partitions` starting after
+/// `sent` earlier records; all are in flight at once, then each delivery is awaited.
+/// Returns the number of records produced.
+pub async fn produce_lines(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    files: &[PathBuf],
+    sent: u64,
+) -> Result<u64> {
+    use weir_kafka::rdkafka::ClientConfig;
+    use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "2000000")
+        .set("queue.buffering.max.kbytes", "2097151")
+        .create()?;
+    let mut pending = Vec::new();
+    let mut i = sent;
     for f in files {
-        for line in std::fs::read_to_string(&f)?.lines() {
-            producer
-                .send(
-                    FutureRecord::<(), _>::to(&topic)
-                        .partition(i % 3)
-                        .payload(line),
-                    std::time::Duration::from_secs(30),
-                )
-                .await
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        for line in text.lines() {
+            let record = FutureRecord::<(), _>::to(topic)
+                .partition((i % partitions as u64) as i32)
+                .payload(line);
+            let delivery = producer
+                .send_result(record)
                 .map_err(|(e, _)| anyhow::anyhow!("producing to {topic}: {e}"))?;
+            pending.push(delivery);
             i += 1;
         }
     }
-    Ok(topic)
+    for d in pending {
+        d.await
+            .map_err(|_| anyhow::anyhow!("producing to {topic}: the producer went away"))?
+            .map_err(|(e, _)| anyhow::anyhow!("producing to {topic}: {e}"))?;
+    }
+    Ok(i - sent)
 }
 
 async fn pg_exec(url: &str, sql: &str) -> Result<()> {

@@ -55,10 +55,11 @@ const STATUSES: [&str; 5] = ["created", "paid", "shipped", "delivered", "cancell
 /// 2026-01-01T00:00:00Z in ms.
 const BASE_MS: i64 = 1_767_225_600_000;
 
-struct SplitMix(u64);
+/// A small seeded pseudo-random sequence (SplitMix64).
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -1,6 +1,7 @@
 //! `weir`: run pipelines from TOML, the demo, benchmarks and checkpoint tools.
 
 mod bench;
+mod chaos;
 mod config;
 mod demo;
 mod generate;
@@ -46,6 +47,9 @@ enum Command {
     Gen(generate::GenArgs),
     /// Measures per-batch fixed cost and throughput; prints one JSON line per scenario.
     Bench(bench::BenchArgs),
+    /// Kills a pipeline (the worked example by default) again and again, at random moments
+    /// and at fault points, then checks every sink against the input.
+    Chaos(chaos::ChaosArgs),
     /// Looks at a checkpoint folder.
     Checkpoint {
         #[command(subcommand)]
@@ -109,6 +113,7 @@ async fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => bench::run(args).await,
+        Command::Chaos(args) => chaos::run(args).await,
         Command::Checkpoint {
             command: CheckpointCommand::Show { dir },
         } => show::show(&dir),
