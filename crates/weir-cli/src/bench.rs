@@ -8,6 +8,11 @@
 //! - `delta-append`: the same files appended to a Delta table with the transaction.
 //! - `postgres-copy` / `postgres-insert` (with `--postgres URL`): the same files as
 //!   `delta-merge`, upserted into PostgreSQL with binary COPY or with multi-row INSERT.
+//! - `kafka` (with `--kafka BROKERS`): 600,000 JSON records read and parsed.
+//! - `example` (with both): the worked example, `examples/orders_upsert.toml` as shipped,
+//!   on 1,000,000 orders (500,000 ids) in 200,000-record batches: Kafka -> newest per key
+//!   -> Delta MERGE -> PostgreSQL upsert through staging + ledger; the time split by
+//!   `durationMs` and per sink.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -251,6 +256,14 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             ran = true;
         }
     }
+    if all || args.scenario == "example" {
+        match (&args.kafka, &args.postgres) {
+            (Some(b), Some(url)) => example_scenario(&work, b, url, 1_000_000 / s).await?,
+            _ if all => eprintln!("example: skipped (give --kafka BROKERS and --postgres URL)"),
+            _ => bail!("example needs --kafka BROKERS and --postgres URL"),
+        }
+        ran = true;
+    }
     if all || args.scenario == "kafka" {
         match &args.kafka {
             Some(b) => kafka_scenario(b, 600_000 / s).await?,
@@ -261,7 +274,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
     if !ran {
         bail!(
-            "unknown scenario '{}': use fixed-cost, throughput, delta-merge, delta-append or all",
+            "unknown scenario '{}': use fixed-cost, throughput, delta-merge, delta-append, \
+             postgres-copy, postgres-insert, kafka, example or all",
             args.scenario
         );
     }
@@ -361,5 +375,105 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
     if rows != n as u64 {
         bail!("kafka: read {rows} records, produced {n}");
     }
+    Ok(())
+}
+
+/// The worked example as shipped (`examples/orders_upsert.toml`), on `n` orders produced to
+/// a new topic, 200,000 records per batch.
+async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> Result<()> {
+    use crate::chaos::{EXAMPLE, Target, drop_chaos_tables, rewrite};
+    let dir = work.join("example");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    let files = generate(&GenArgs {
+        dir: dir.join("input"),
+        files: 100,
+        rows_per_file: n / 100,
+        keys: (n / 2) as u64,
+        seed: 7,
+        late_ms: 60_000,
+        first_file: 0,
+    })?;
+    let topic = format!("weir-bench-example-{}", std::process::id());
+    weir_kafka::create_topic(bootstrap, &topic, 3).await?;
+    crate::demo::produce_lines(bootstrap, &topic, 3, &files, 0).await?;
+    let path = dir.join("pipeline.toml");
+    let text = rewrite(
+        EXAMPLE,
+        "examples/orders_upsert.toml",
+        &Target {
+            dir: &dir,
+            kafka: Some(bootstrap),
+            postgres: Some(url),
+            topic: &topic,
+            batch_rows: 200_000,
+        },
+    )?;
+    std::fs::write(&path, text)?;
+    let pipeline = crate::config::Pipeline::load(&path)?;
+    drop_chaos_tables(url, &pipeline).await?;
+    let collect = Arc::new(Collect::default());
+    let started = Instant::now();
+    let query = pipeline
+        .stream(&WeirSession::new())?
+        .write_stream()
+        .query_name(&pipeline.query.name)
+        .checkpoint(&pipeline.query.checkpoint)
+        .trigger(Trigger::AvailableNow)
+        .listener(collect.clone())
+        .foreach_batch(weir_core::FanOut::new(pipeline.sinks()?))
+        .start()
+        .await?;
+    query.await_termination().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let progress = collect.0.lock().map(|v| v.clone()).unwrap_or_default();
+    let rows: u64 = progress.iter().map(|p| p.num_input_rows).sum();
+    if rows != n as u64 {
+        bail!("example: read {rows} records, produced {n}");
+    }
+    let busy: u64 = progress
+        .iter()
+        .map(|p| p.duration("triggerExecution"))
+        .sum();
+    let mut duration_ms = serde_json::Map::new();
+    for key in [
+        "latestOffset",
+        "walCommit",
+        "getBatch",
+        "queryPlanning",
+        "addBatch",
+        "commitOffsets",
+        "triggerExecution",
+    ] {
+        let v = median(progress.iter().map(|p| p.duration(key)).collect());
+        duration_ms.insert(key.into(), v.into());
+    }
+    let mut per_sink = serde_json::Map::new();
+    let labels =
+        std::iter::once("cache".to_string()).chain(pipeline.sinks.iter().map(|s| s.label()));
+    for label in labels {
+        let key = format!("{label}.durationMs");
+        let v = median(
+            progress
+                .iter()
+                .filter_map(|p| p.sink.metrics.get(&key)?.parse().ok())
+                .collect(),
+        );
+        per_sink.insert(label, v.into());
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "example",
+            "records": rows,
+            "batches": progress.len(),
+            "seconds": (seconds * 1000.0).round() / 1000.0,
+            "records_per_sec": (rows as f64 / (busy as f64 / 1000.0)).round(),
+            "median_duration_ms": duration_ms,
+            "median_sink_ms": per_sink,
+            "peak_rss_mb": peak_rss_mb(),
+        })
+    );
     Ok(())
 }
