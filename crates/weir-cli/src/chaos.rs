@@ -94,6 +94,7 @@ struct Tally {
     records: u64,
     mismatches: Vec<String>,
     checked: Vec<String>,
+    rows_checked: usize,
 }
 
 impl Tally {
@@ -458,9 +459,7 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
             }
             Outcome::Finished => {
                 typical_ms = 0.7 * typical_ms + 0.3 * took;
-                if fault.is_some() {
-                    tally.not_reached += 1;
-                }
+                tally.not_reached += 1;
             }
         }
         if let Some(bytes) = recorded {
@@ -687,6 +686,7 @@ fn compare_latest(
             .mismatches
             .push(format!("{what}: {missing} order ids are missing"));
     }
+    tally.rows_checked += rows.len();
     tally.checked.push(format!("{what}: {} rows", rows.len()));
 }
 
@@ -707,6 +707,7 @@ fn compare_all(what: &str, rows: Vec<(i64, Order)>, all: &[(i64, Order)], tally:
             "{what}: {missing} input rows missing, {extra} rows extra or doubled"
         ));
     }
+    tally.rows_checked += rows.len();
     tally.checked.push(format!("{what}: {} rows", rows.len()));
 }
 
@@ -746,7 +747,7 @@ async fn check_sinks(p: &Pipeline, input: &Input, committed: u64, tally: &mut Ta
                 }
                 tally
                     .checked
-                    .push(format!("{what}: version {version:?}, txn {txn:?}"));
+                    .push(format!("{what}: version {}, txn {}", fmt_opt(version), fmt_opt(txn)));
             }
             SinkConfig::Parquet { path, .. } => {
                 let df = ctx
@@ -863,7 +864,7 @@ fn report(t: &Tally, committed: u64, points: &[&str], took: Duration) {
     row(
         "runs",
         format!(
-            "{} ({} ended before their fault point came, 1 final run), {:.0} s",
+            "{} ({} ended before their kill came, 1 final run), {:.0} s",
             t.runs,
             t.not_reached,
             took.as_secs_f64()
@@ -875,9 +876,16 @@ fn report(t: &Tally, committed: u64, points: &[&str], took: Duration) {
         format!("{} (each with its recorded id and offsets)", t.replays),
     );
     row("input records", t.records.to_string());
-    row("rows checked", t.checked.join("; "));
+    row(
+        "rows checked",
+        format!("{} ({})", t.rows_checked, t.checked.join("; ")),
+    );
     row("mismatches", t.mismatches.len().to_string());
     for m in &t.mismatches {
         println!("  mismatch: {m}");
     }
+}
+
+fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or("none".into(), |v| v.to_string())
 }
