@@ -116,8 +116,7 @@ async fn main() -> Result<()> {
             .dedupe(false)
             .create_table(true)
             .staging_table("orders_batch_staging")
-            .ledger("stream_batches")
-            .app_id("orders-upsert-v1"),
+            .ledger("stream_batches"),
     });
 
     let query = WeirSession::new()
