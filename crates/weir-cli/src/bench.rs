@@ -21,7 +21,9 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::engine::{QueryListener, StreamingQueryProgress};
-use weir_core::{BatchContext, ForeachBatch, ParquetSink, Trigger, WeirSession, dedupe_latest};
+use weir_core::{
+    BatchContext, DataStreamWriter, ForeachBatch, ParquetSink, Trigger, WeirSession, dedupe_latest,
+};
 use weir_delta::{DeltaAppend, DeltaMerge};
 use weir_postgres::{LoadMode, PostgresUpsert, tokio_postgres};
 
@@ -55,6 +57,21 @@ impl QueryListener for Collect {
             v.push(p.clone());
         }
     }
+}
+
+/// Runs the query to its end with a listener that keeps every progress report; returns
+/// (seconds since `started`, the reports, input rows).
+async fn run_to_end(
+    writer: DataStreamWriter,
+    started: Instant,
+) -> Result<(f64, Vec<StreamingQueryProgress>, u64)> {
+    let collect = Arc::new(Collect::default());
+    let query = writer.listener(collect.clone()).start().await?;
+    query.await_termination().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let progress = collect.0.lock().map(|v| v.clone()).unwrap_or_default();
+    let rows = progress.iter().map(|p| p.num_input_rows).sum();
+    Ok((seconds, progress, rows))
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -132,9 +149,8 @@ async fn scenario(
             )
         }
     };
-    let collect = Arc::new(Collect::default());
     let started = Instant::now();
-    let query = WeirSession::new()
+    let writer = WeirSession::new()
         .read_stream()
         .files(&input)
         .schema(orders_schema())
@@ -144,14 +160,8 @@ async fn scenario(
         .query_name(name)
         .checkpoint(dir.join("checkpoint"))
         .trigger(Trigger::AvailableNow)
-        .listener(collect.clone())
-        .foreach_batch_arc(f)
-        .start()
-        .await?;
-    query.await_termination().await?;
-    let seconds = started.elapsed().as_secs_f64();
-    let progress = collect.0.lock().map(|v| v.clone()).unwrap_or_default();
-    let rows: u64 = progress.iter().map(|p| p.num_input_rows).sum();
+        .foreach_batch_arc(f);
+    let (seconds, progress, rows) = run_to_end(writer, started).await?;
     if rows != (files * rows_per_file) as u64 {
         bail!(
             "{name}: read {rows} rows, expected {}",
@@ -335,9 +345,8 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
         mode: BadRecordMode::FailFast,
     };
     let work = std::env::temp_dir().join(format!("weir-bench-kafka-{}", std::process::id()));
-    let collect = Arc::new(Collect::default());
     let started = Instant::now();
-    let query = WeirSession::new()
+    let writer = WeirSession::new()
         .read_stream()
         .source(Arc::new(KafkaSource::new(opts)?))
         .max_offsets_per_trigger(200_000)
@@ -346,17 +355,11 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
         .query_name("kafka-bench")
         .checkpoint(work.join("checkpoint"))
         .trigger(Trigger::AvailableNow)
-        .listener(collect.clone())
         .foreach_batch(|batch: DataFrame, _ctx: BatchContext| async move {
             batch.count().await?;
             Ok::<(), weir_core::BoxError>(())
-        })
-        .start()
-        .await?;
-    query.await_termination().await?;
-    let seconds = started.elapsed().as_secs_f64();
-    let progress = collect.0.lock().map(|v| v.clone()).unwrap_or_default();
-    let rows: u64 = progress.iter().map(|p| p.num_input_rows).sum();
+        });
+    let (seconds, progress, rows) = run_to_end(writer, started).await?;
     let get_ms: u64 = progress.iter().map(|p| p.duration("getBatch")).sum();
     println!(
         "{}",
@@ -413,22 +416,15 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
     std::fs::write(&path, text)?;
     let pipeline = crate::config::Pipeline::load(&path)?;
     drop_chaos_tables(url, &pipeline).await?;
-    let collect = Arc::new(Collect::default());
     let started = Instant::now();
-    let query = pipeline
+    let writer = pipeline
         .stream(&WeirSession::new())?
         .write_stream()
         .query_name(&pipeline.query.name)
         .checkpoint(&pipeline.query.checkpoint)
         .trigger(Trigger::AvailableNow)
-        .listener(collect.clone())
-        .foreach_batch(weir_core::FanOut::new(pipeline.sinks()?))
-        .start()
-        .await?;
-    query.await_termination().await?;
-    let seconds = started.elapsed().as_secs_f64();
-    let progress = collect.0.lock().map(|v| v.clone()).unwrap_or_default();
-    let rows: u64 = progress.iter().map(|p| p.num_input_rows).sum();
+        .foreach_batch(weir_core::FanOut::new(pipeline.sinks()?));
+    let (seconds, progress, rows) = run_to_end(writer, started).await?;
     if rows != n as u64 {
         bail!("example: read {rows} records, produced {n}");
     }

@@ -38,7 +38,6 @@ use crate::generate::{GenArgs, SplitMix, generate};
 
 /// The worked example, the default pipeline.
 pub const EXAMPLE: &str = include_str!("../../../examples/orders_upsert.toml");
-const MARKER: &str = ".weir-chaos";
 const PARTITIONS: i32 = 3;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -141,25 +140,6 @@ struct Order {
     status: String,
     amount: f64,
     updated_us: i64,
-}
-
-fn prepare_dir(dir: &Path) -> Result<()> {
-    if dir.exists() {
-        let empty = std::fs::read_dir(dir)?.next().is_none();
-        if !empty && !dir.join(MARKER).exists() {
-            bail!(
-                "{} exists and was not made by `weir chaos`; pick another folder with --dir",
-                dir.display()
-            );
-        }
-        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(dir.join("runs"))?;
-    std::fs::write(
-        dir.join(MARKER),
-        b"made by weir chaos; removed on the next run\n",
-    )?;
-    Ok(())
 }
 
 /// Where [`rewrite`] points a pipeline.
@@ -355,7 +335,8 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
     args.kafka = args.kafka.or_else(|| std::env::var("KAFKA_BOOTSTRAP").ok());
     args.postgres = args.postgres.or_else(|| std::env::var("DATABASE_URL").ok());
     let dir = std::path::absolute(&args.dir)?;
-    prepare_dir(&dir)?;
+    crate::demo::prepare_dir(&dir, "chaos")?;
+    std::fs::create_dir_all(dir.join("runs"))?;
     let (template, origin) = match &args.pipeline {
         Some(p) => (
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
@@ -745,9 +726,11 @@ async fn check_sinks(p: &Pipeline, input: &Input, committed: u64, tally: &mut Ta
                         committed.saturating_sub(1)
                     ));
                 }
-                tally
-                    .checked
-                    .push(format!("{what}: version {}, txn {}", fmt_opt(version), fmt_opt(txn)));
+                tally.checked.push(format!(
+                    "{what}: version {}, txn {}",
+                    fmt_opt(version),
+                    fmt_opt(txn)
+                ));
             }
             SinkConfig::Parquet { path, .. } => {
                 let df = ctx

@@ -17,8 +17,6 @@ use weir_postgres::{PostgresUpsert, tokio_postgres};
 use crate::generate::{GenArgs, generate, orders_schema};
 use crate::report::HumanLines;
 
-const MARKER: &str = ".weir-demo";
-
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
     /// Working folder (input, checkpoint, tables). Recreated on each run.
@@ -46,12 +44,15 @@ pub struct DemoArgs {
     pub kafka: Option<String>,
 }
 
-fn prepare_dir(dir: &Path) -> Result<()> {
+/// Empties `dir` for a command that owns it: a folder holding files but no `.weir-<command>`
+/// marker was not made by the command and is refused, never deleted.
+pub fn prepare_dir(dir: &Path, command: &str) -> Result<()> {
+    let marker = dir.join(format!(".weir-{command}"));
     if dir.exists() {
         let empty = std::fs::read_dir(dir)?.next().is_none();
-        if !empty && !dir.join(MARKER).exists() {
+        if !empty && !marker.exists() {
             bail!(
-                "{} exists and was not made by `weir demo`; pick another folder with --dir",
+                "{} exists and was not made by `weir {command}`; pick another folder with --dir",
                 dir.display()
             );
         }
@@ -59,15 +60,15 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(dir)?;
     std::fs::write(
-        dir.join(MARKER),
-        b"made by weir demo; removed on the next run\n",
+        marker,
+        format!("made by weir {command}; removed on the next run\n"),
     )?;
     Ok(())
 }
 
 pub async fn run(args: DemoArgs) -> Result<()> {
     let dir = &args.dir;
-    prepare_dir(dir)?;
+    prepare_dir(dir, "demo")?;
     if let Some(url) = &args.postgres {
         // The demo owns this table: start it afresh like the folder.
         pg_exec(url, &format!("DROP TABLE IF EXISTS {PG_TABLE}")).await?;
