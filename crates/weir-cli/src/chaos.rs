@@ -872,3 +872,85 @@ fn report(t: &Tally, committed: u64, points: &[&str], took: Duration) {
 fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or("none".into(), |v| v.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(status: &str, us: i64) -> Order {
+        Order {
+            status: status.into(),
+            amount: 1.5,
+            updated_us: us,
+        }
+    }
+
+    #[test]
+    fn the_checks_see_missing_doubled_stale_and_foreign_rows() {
+        let latest: HashMap<i64, Order> = [(1, order("paid", 20)), (2, order("shipped", 30))]
+            .into_iter()
+            .collect();
+        let mut t = Tally::default();
+        compare_latest(
+            "ok",
+            &[(1, order("paid", 20)), (2, order("shipped", 30))],
+            &latest,
+            &mut t,
+        );
+        assert!(t.mismatches.is_empty(), "{:?}", t.mismatches);
+
+        let sink = [
+            (1, order("created", 10)), // older than the newest input row
+            (1, order("paid", 20)),    // order 1 twice
+            (3, order("paid", 5)),     // not in the input
+        ]; // order 2 missing
+        compare_latest("bad", &sink, &latest, &mut t);
+        let all = t.mismatches.join("\n");
+        assert!(all.contains("order 1 holds"), "{all}");
+        assert!(all.contains("1 order ids appear more than once"), "{all}");
+        assert!(all.contains("order 3 is not in the input"), "{all}");
+        assert!(all.contains("1 order ids are missing"), "{all}");
+        assert_eq!(t.rows_checked, 5);
+
+        let input = vec![
+            (1, order("paid", 20)),
+            (1, order("paid", 20)),
+            (2, order("x", 1)),
+        ];
+        let mut t = Tally::default();
+        compare_all("ok", input.clone(), &input, &mut t);
+        assert!(t.mismatches.is_empty());
+        compare_all(
+            "bad",
+            vec![
+                (1, order("paid", 20)),
+                (2, order("x", 1)),
+                (2, order("x", 1)),
+            ],
+            &input,
+            &mut t,
+        );
+        assert_eq!(
+            t.mismatches,
+            vec!["bad: 1 input rows missing, 1 rows extra or doubled"]
+        );
+    }
+
+    #[test]
+    fn the_pending_batch_is_read_from_the_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let chk = dir.path();
+        assert_eq!(next_batch(chk).unwrap(), (0, false));
+        std::fs::create_dir_all(chk.join("offsets")).unwrap();
+        std::fs::create_dir_all(chk.join("commits")).unwrap();
+        for id in 0..3 {
+            std::fs::write(chk.join("offsets").join(id.to_string()), "v1").unwrap();
+        }
+        for id in 0..2 {
+            std::fs::write(chk.join("commits").join(id.to_string()), "v1").unwrap();
+        }
+        assert_eq!(next_batch(chk).unwrap(), (2, true));
+        std::fs::write(chk.join("commits").join("2"), "v1").unwrap();
+        assert_eq!(next_batch(chk).unwrap(), (3, false));
+    }
+}
