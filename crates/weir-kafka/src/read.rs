@@ -1,6 +1,5 @@
 //! Reading `[start, end)` of every partition into one Arrow batch.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -8,7 +7,8 @@ use rdkafka::consumer::Consumer;
 use rdkafka::message::{Message, Timestamp};
 use rdkafka::{Offset, TopicPartitionList};
 use weir_core::datafusion::arrow::array::{
-    ArrayRef, BinaryBuilder, Int32Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder,
+    Array, ArrayRef, BinaryArray, BinaryBuilder, Int32Array, Int64Array, StringBuilder,
+    TimestampMillisecondArray,
 };
 use weir_core::datafusion::arrow::compute::concat_batches;
 use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
@@ -55,14 +55,88 @@ pub fn output_schema(f: &ValueFormat) -> SchemaRef {
     }
 }
 
-struct Record {
+/// What was read from one partition: values and keys back to back in Arrow builders (no
+/// allocation per record), in offset order.
+struct Part {
     topic: String,
     partition: i32,
-    offset: i64,
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    timestamp: Option<i64>,
-    timestamp_type: i32,
+    from: i64,
+    to: i64,
+    next: i64,
+    offsets: Vec<i64>,
+    timestamps: Vec<Option<i64>>,
+    timestamp_types: Vec<i32>,
+    keys: BinaryBuilder,
+    values: BinaryBuilder,
+}
+
+impl Part {
+    fn done(&self) -> bool {
+        self.next >= self.to
+    }
+}
+
+/// The records of all partitions, ordered by (topic, partition, offset).
+struct Records {
+    /// The topic of each part, and the part each record came from.
+    part_topics: Vec<String>,
+    part_of: Vec<u32>,
+    partitions: Vec<i32>,
+    offsets: Vec<i64>,
+    timestamps: Vec<Option<i64>>,
+    timestamp_types: Vec<i32>,
+    keys: BinaryArray,
+    values: BinaryArray,
+}
+
+impl Records {
+    fn from_parts(parts: Vec<Part>) -> Records {
+        let n: usize = parts.iter().map(|p| p.offsets.len()).sum();
+        let bytes: usize = parts.iter().map(|p| p.values.values_slice().len()).sum();
+        let mut r = Records {
+            part_topics: Vec::with_capacity(parts.len()),
+            part_of: Vec::with_capacity(n),
+            partitions: Vec::with_capacity(n),
+            offsets: Vec::with_capacity(n),
+            timestamps: Vec::with_capacity(n),
+            timestamp_types: Vec::with_capacity(n),
+            keys: BinaryArray::from(Vec::<Option<&[u8]>>::new()),
+            values: BinaryArray::from(Vec::<Option<&[u8]>>::new()),
+        };
+        let mut keys = BinaryBuilder::new();
+        let mut values = BinaryBuilder::with_capacity(n, bytes);
+        for (index, mut p) in parts.into_iter().enumerate() {
+            let k = p.keys.finish();
+            let v = p.values.finish();
+            for i in 0..p.offsets.len() {
+                keys.append_option(k.is_valid(i).then(|| k.value(i)));
+                values.append_option(v.is_valid(i).then(|| v.value(i)));
+            }
+            r.part_of
+                .extend(std::iter::repeat_n(index as u32, p.offsets.len()));
+            r.part_topics.push(p.topic);
+            r.partitions
+                .extend(std::iter::repeat_n(p.partition, p.offsets.len()));
+            r.offsets.append(&mut p.offsets);
+            r.timestamps.append(&mut p.timestamps);
+            r.timestamp_types.append(&mut p.timestamp_types);
+        }
+        r.keys = keys.finish();
+        r.values = values.finish();
+        r
+    }
+
+    fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    fn topic(&self, i: usize) -> &str {
+        &self.part_topics[self.part_of[i] as usize]
+    }
+
+    fn value(&self, i: usize) -> Option<&[u8]> {
+        self.values.is_valid(i).then(|| self.values.value(i))
+    }
 }
 
 /// Reads every partition's `[begin, end)`; partitions missing from `begin` start at their
@@ -74,7 +148,8 @@ pub fn read(
 ) -> Result<RecordBatch, KafkaSourceError> {
     let c = consumer(o)?;
     let mut tpl = TopicPartitionList::new();
-    let mut ranges: BTreeMap<(String, i32), (i64, i64)> = BTreeMap::new();
+    // In (topic, partition) order: `end` is a sorted map of sorted maps.
+    let mut parts: Vec<Part> = Vec::new();
     for (t, ps) in end {
         for (&p, &to) in ps {
             let (low, high) = watermarks(&c, t, p)?;
@@ -88,28 +163,45 @@ pub fn read(
                         action: format!("assigning topic {t} partition {p} at {from}"),
                         source,
                     })?;
-                ranges.insert((t.clone(), p), (from, to));
+                let n = usize::try_from(to - from).unwrap_or(0);
+                parts.push(Part {
+                    topic: t.clone(),
+                    partition: p,
+                    from,
+                    to,
+                    next: from,
+                    offsets: Vec::with_capacity(n),
+                    timestamps: Vec::with_capacity(n),
+                    timestamp_types: Vec::with_capacity(n),
+                    keys: BinaryBuilder::new(),
+                    values: BinaryBuilder::with_capacity(n, n * 64),
+                });
             }
         }
     }
-    let mut records: Vec<Record> = Vec::new();
-    if !ranges.is_empty() {
+    if !parts.is_empty() {
         c.assign(&tpl).map_err(|source| KafkaSourceError::Kafka {
             action: "assigning partitions".into(),
             source,
         })?;
-        let mut next: BTreeMap<(String, i32), i64> =
-            ranges.iter().map(|(k, v)| (k.clone(), v.0)).collect();
+        let mut open = parts.len();
         let mut last_progress = Instant::now();
-        while next.iter().any(|(k, &n)| n < ranges[k].1) {
+        let mut progressed = false;
+        while open > 0 {
             match c.poll(std::time::Duration::from_millis(200)) {
                 Some(Ok(m)) => {
-                    let key = (m.topic().to_string(), m.partition());
-                    let Some(&(_, to)) = ranges.get(&key) else {
+                    let Some(part) = parts
+                        .iter_mut()
+                        .find(|p| p.partition == m.partition() && p.topic == m.topic())
+                    else {
                         continue;
                     };
-                    if m.offset() >= to {
-                        next.insert(key, to);
+                    if part.done() {
+                        continue;
+                    }
+                    if m.offset() >= part.to {
+                        part.next = part.to;
+                        open -= 1;
                         continue;
                     }
                     let (timestamp, timestamp_type) = match m.timestamp() {
@@ -117,17 +209,16 @@ pub fn read(
                         Timestamp::CreateTime(t) => (Some(t), 0),
                         Timestamp::LogAppendTime(t) => (Some(t), 1),
                     };
-                    records.push(Record {
-                        topic: key.0.clone(),
-                        partition: key.1,
-                        offset: m.offset(),
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec),
-                        timestamp,
-                        timestamp_type,
-                    });
-                    next.insert(key, m.offset() + 1);
-                    last_progress = Instant::now();
+                    part.offsets.push(m.offset());
+                    part.timestamps.push(timestamp);
+                    part.timestamp_types.push(timestamp_type);
+                    part.keys.append_option(m.key());
+                    part.values.append_option(m.payload());
+                    part.next = m.offset() + 1;
+                    if part.done() {
+                        open -= 1;
+                    }
+                    progressed = true;
                 }
                 Some(Err(source)) => {
                     return Err(KafkaSourceError::Kafka {
@@ -136,31 +227,38 @@ pub fn read(
                     });
                 }
                 None => {
+                    // The stall clock restarts at the first empty poll after progress (no
+                    // clock read per record).
+                    if progressed {
+                        last_progress = Instant::now();
+                        progressed = false;
+                    }
                     // Control records (transaction markers) occupy offsets that are never
                     // delivered: the consumer's position tells how far it really got.
                     if let Ok(pos) = c.position() {
                         for e in pos.elements() {
-                            if let Offset::Offset(p) = e.offset() {
-                                let k = (e.topic().to_string(), e.partition());
-                                if let Some(n) = next.get_mut(&k) {
-                                    *n = (*n).max(p);
+                            if let Offset::Offset(at) = e.offset()
+                                && let Some(part) = parts
+                                    .iter_mut()
+                                    .find(|p| p.partition == e.partition() && p.topic == e.topic())
+                                && !part.done()
+                            {
+                                part.next = part.next.max(at);
+                                if part.done() {
+                                    open -= 1;
                                 }
                             }
                         }
                     }
-                    if last_progress.elapsed() > o.fetch_timeout {
-                        let (k, n) = next
-                            .iter()
-                            .find(|(k, n)| **n < ranges[*k].1)
-                            .map(|(k, n)| (k.clone(), *n))
-                            .unwrap_or_default();
-                        let (from, to) = ranges.get(&k).copied().unwrap_or_default();
+                    if last_progress.elapsed() > o.fetch_timeout
+                        && let Some(p) = parts.iter().find(|p| !p.done())
+                    {
                         return Err(KafkaSourceError::Stalled {
-                            topic: k.0,
-                            partition: k.1,
-                            from,
-                            to,
-                            reached: n,
+                            topic: p.topic.clone(),
+                            partition: p.partition,
+                            from: p.from,
+                            to: p.to,
+                            reached: p.next,
                             secs: o.fetch_timeout.as_secs(),
                         });
                     }
@@ -168,39 +266,27 @@ pub fn read(
             }
         }
     }
-    records
-        .sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));
+    let records = Records::from_parts(parts);
     match &o.value_format {
         ValueFormat::Raw => raw_batch(&records),
         ValueFormat::Json { schema, mode } => json_batch(&records, schema, *mode),
     }
 }
 
-fn raw_batch(records: &[Record]) -> Result<RecordBatch, KafkaSourceError> {
-    let mut key = BinaryBuilder::new();
-    let mut value = BinaryBuilder::new();
+fn raw_batch(r: &Records) -> Result<RecordBatch, KafkaSourceError> {
     let mut topic = StringBuilder::new();
-    let mut partition = Int32Builder::new();
-    let mut offset = Int64Builder::new();
-    let mut ts = TimestampMillisecondBuilder::new().with_timezone("UTC");
-    let mut ts_type = Int32Builder::new();
-    for r in records {
-        key.append_option(r.key.as_deref());
-        value.append_option(r.value.as_deref());
-        topic.append_value(&r.topic);
-        partition.append_value(r.partition);
-        offset.append_value(r.offset);
-        ts.append_option(r.timestamp);
-        ts_type.append_value(r.timestamp_type);
+    for i in 0..r.len() {
+        topic.append_value(r.topic(i));
     }
+    let ts = TimestampMillisecondArray::from(r.timestamps.clone()).with_timezone("UTC");
     let cols: Vec<ArrayRef> = vec![
-        Arc::new(key.finish()),
-        Arc::new(value.finish()),
+        Arc::new(r.keys.clone()),
+        Arc::new(r.values.clone()),
         Arc::new(topic.finish()),
-        Arc::new(partition.finish()),
-        Arc::new(offset.finish()),
-        Arc::new(ts.finish()),
-        Arc::new(ts_type.finish()),
+        Arc::new(Int32Array::from(r.partitions.clone())),
+        Arc::new(Int64Array::from(r.offsets.clone())),
+        Arc::new(ts),
+        Arc::new(Int32Array::from(r.timestamp_types.clone())),
     ];
     RecordBatch::try_new(raw_schema(), cols).map_err(|e| KafkaSourceError::Invalid {
         what: "Kafka batch".into(),
@@ -229,7 +315,7 @@ fn decode(schema: &SchemaRef, bytes: &[u8], rows: usize) -> Result<RecordBatch, 
 /// Parses all values at once (vectorized); only when that fails, value by value to find
 /// the bad ones.
 fn json_batch(
-    records: &[Record],
+    records: &Records,
     schema: &SchemaRef,
     mode: BadRecordMode,
 ) -> Result<RecordBatch, KafkaSourceError> {
@@ -244,13 +330,22 @@ fn json_batch(
             .map(|f| f.as_ref().clone().with_nullable(true))
             .collect::<Vec<_>>(),
     ));
-    let line = |r: &Record| -> Vec<u8> {
-        let mut v = r.value.clone().unwrap_or_else(|| b"{}".to_vec());
-        v.retain(|&b| b != b'\n');
-        v.push(b'\n');
-        v
+    // One value per line: a null value parses as `{}` (all columns null); newlines inside
+    // a value can only be JSON whitespace, so they are dropped.
+    let push_line = |out: &mut Vec<u8>, v: Option<&[u8]>| {
+        let v = v.unwrap_or(b"{}");
+        if v.contains(&b'\n') {
+            out.extend(v.iter().filter(|&&b| b != b'\n'));
+        } else {
+            out.extend_from_slice(v);
+        }
+        out.push(b'\n');
     };
-    let all: Vec<u8> = records.iter().flat_map(line).collect();
+    let n = records.len();
+    let mut all = Vec::with_capacity(records.values.values().len() + 3 * n);
+    for i in 0..n {
+        push_line(&mut all, records.value(i));
+    }
     let invalid = |e: String| KafkaSourceError::Invalid {
         what: "JSON batch".into(),
         reason: e,
@@ -266,29 +361,32 @@ fn json_batch(
             ));
             RecordBatch::try_new(out.clone(), cols).map_err(|e| invalid(e.to_string()))
         };
-    if let Ok(b) = decode(&parse_schema, &all, records.len()) {
-        return with_corrupt(b, vec![None; records.len()]);
+    if let Ok(b) = decode(&parse_schema, &all, n) {
+        return with_corrupt(b, vec![None; n]);
     }
-    let mut parts = Vec::with_capacity(records.len());
-    let mut corrupt = Vec::with_capacity(records.len());
-    for r in records {
-        match decode(&parse_schema, &line(r), 1) {
+    let mut parts = Vec::with_capacity(n);
+    let mut corrupt = Vec::with_capacity(n);
+    let mut one = Vec::new();
+    for i in 0..n {
+        one.clear();
+        push_line(&mut one, records.value(i));
+        match decode(&parse_schema, &one, 1) {
             Ok(b) => {
                 parts.push(b);
                 corrupt.push(None);
             }
             Err(reason) if mode == BadRecordMode::FailFast => {
                 return Err(KafkaSourceError::Malformed {
-                    topic: r.topic.clone(),
-                    partition: r.partition,
-                    offset: r.offset,
+                    topic: records.topic(i).to_string(),
+                    partition: records.partitions[i],
+                    offset: records.offsets[i],
                     reason,
                 });
             }
             Err(_) => {
                 parts.push(decode(&parse_schema, b"{}\n", 1).map_err(invalid)?);
                 corrupt.push(Some(
-                    String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned(),
+                    String::from_utf8_lossy(records.value(i).unwrap_or_default()).into_owned(),
                 ));
             }
         }

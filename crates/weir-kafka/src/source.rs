@@ -141,6 +141,10 @@ fn invalid(what: &str, reason: &str) -> KafkaSourceError {
 /// A consumer that only ever reads assigned partitions at explicit offsets.
 pub(crate) fn consumer(o: &KafkaOptions) -> std::result::Result<BaseConsumer, KafkaSourceError> {
     let mut cfg = ClientConfig::new();
+    // librdkafka drops the connection on a fetch response above this (default 100 MB);
+    // some Kafka-protocol brokers (noida-db among them) ignore fetch.max.bytes and answer a
+    // 200,000-record read in one response. Overridable in `kafka.*`.
+    cfg.set("receive.message.max.bytes", "2147483647");
     for (k, v) in &o.kafka {
         cfg.set(k, v);
     }
