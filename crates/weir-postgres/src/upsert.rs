@@ -321,7 +321,9 @@ impl PostgresUpsert {
             let st = quote_ident(staging);
             client
                 .batch_execute(&format!(
-                    "CREATE TABLE IF NOT EXISTS {st} ({}, weir_app_id text NOT NULL, weir_batch_id bigint NOT NULL)",
+                    // UNLOGGED: staging rows are cleared on every attempt anyway, so they
+                    // need no WAL (a server crash empties the table, which is harmless).
+                    "CREATE UNLOGGED TABLE IF NOT EXISTS {st} ({}, weir_app_id text NOT NULL, weir_batch_id bigint NOT NULL)",
                     Self::column_defs(&cols)
                 ))
                 .await
