@@ -175,7 +175,7 @@ def main():
     ap.add_argument("--weir", required=True)
     ap.add_argument("--python", required=True, help="the virtualenv's python with pyspark")
     ap.add_argument("--work", default="/tmp/weir-spark-bench")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--write", help="write the results to this Markdown file")
     ap.add_argument("--command", default="bench/spark_vs_weir.sh")
     a = ap.parse_args()

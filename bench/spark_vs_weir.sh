@@ -24,4 +24,4 @@ if [ -z "${WEIR_BIN:-}" ]; then
 fi
 
 exec python3 bench/spark_vs_weir.py --weir "$WEIR_BIN" --python "$venv/bin/python" \
-  --write BENCHMARKS.md --command "bench/spark_vs_weir.sh $*" "$@"
+  --write BENCHMARKS.md --command "bench/spark_vs_weir.sh${*:+ $*}" "$@"
