@@ -195,8 +195,11 @@ impl PostgresUpsert {
                 updates.join(", ")
             )
         };
+        // In key order the primary-key index is walked page after page instead of at random:
+        // about 30% less time for 220k rows into 500k in PG 15 (see the closing note of #6).
         format!(
-            "INSERT INTO {} AS t ({list}) SELECT {list} FROM {from}{filter} ON CONFLICT ({keys}) {action}",
+            "INSERT INTO {} AS t ({list}) SELECT {list} FROM {from}{filter} ORDER BY {keys} \
+             ON CONFLICT ({keys}) {action}",
             quote_ident(&self.table)
         )
     }
