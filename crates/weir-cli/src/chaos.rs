@@ -4,7 +4,8 @@
 //! as a child `weir run` on generated orders. Before each run more orders are added to its
 //! source; the run is then either killed with SIGKILL from outside after a random delay, or
 //! aborted from inside at a named fault point (`WEIR_FAULT=point@batch`) in one of the next
-//! batches. After `--kills` kills a last run drains the source, and the sinks are compared
+//! batches (one such fault in five fails the batch with an error instead). After `--kills`
+//! kills a last run drains the source, and the sinks are compared
 //! with the reference computed from the input itself:
 //!
 //! - MERGE/upsert sinks hold exactly the newest row per `order_id` of all input (no key
@@ -80,6 +81,8 @@ pub struct ChaosArgs {
 enum Outcome {
     Killed,
     Aborted,
+    /// The batch failed with an injected error: the query stopped, nothing committed.
+    Failed,
     Finished,
 }
 
@@ -89,6 +92,7 @@ struct Tally {
     sigkills: u32,
     points: BTreeMap<String, u32>,
     not_reached: u32,
+    failures: u32,
     replays: u32,
     records: u64,
     mismatches: Vec<String>,
@@ -255,6 +259,9 @@ fn points(p: &Pipeline) -> Vec<&'static str> {
         }
     }
     out.extend(["after-user-fn", "before-commit-write", "after-commit-write"]);
+    // Two sinks of a kind share their points.
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|p| seen.insert(*p));
     out
 }
 
@@ -411,7 +418,14 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
             )
         } else {
             let point = points[(rng.next() % points.len() as u64) as usize];
-            (Some(format!("{point}@{}", next + rng.next() % 2)), None)
+            let batch = next + rng.next() % 2;
+            // One fault in five fails the batch with an error instead of killing the process.
+            let error = if rng.next().is_multiple_of(5) {
+                ":error"
+            } else {
+                ""
+            };
+            (Some(format!("{point}@{batch}{error}")), None)
         };
         let started = Instant::now();
         let mut child = spawn(&weir, &pipeline_path, &log, fault.as_deref())?;
@@ -422,6 +436,13 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
             (true, _) => Outcome::Finished,
             (false, Some(9)) if sigkill => Outcome::Killed,
             (false, Some(6)) if fault.is_some() => Outcome::Aborted,
+            (false, None)
+                if status.code() == Some(1)
+                    && fault.as_deref().is_some_and(|f| f.ends_with(":error"))
+                    && log_tail(&log).contains("fault injected") =>
+            {
+                Outcome::Failed
+            }
             _ => bail!(
                 "run {} ({}) failed with {status}:\n{}",
                 tally.runs,
@@ -438,6 +459,7 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
                     .unwrap_or_default();
                 *tally.points.entry(point.to_string()).or_default() += 1;
             }
+            Outcome::Failed => tally.failures += 1,
             Outcome::Finished => {
                 typical_ms = 0.7 * typical_ms + 0.3 * took;
                 tally.not_reached += 1;
@@ -851,6 +873,13 @@ fn report(t: &Tally, committed: u64, points: &[&str], took: Duration) {
             t.runs,
             t.not_reached,
             took.as_secs_f64()
+        ),
+    );
+    row(
+        "batch failures",
+        format!(
+            "{} (an injected error failed the batch; it ran again on restart)",
+            t.failures
         ),
     );
     row("batches committed", committed.to_string());

@@ -564,3 +564,96 @@ fn chaos_on_the_worked_example_finds_no_mismatch() {
         "{checked}"
     );
 }
+
+/// `weir chaos` on a files pipeline with an append sink of each kind and a MERGE: no
+/// services needed; the append sinks must hold every input row exactly once.
+#[test]
+fn chaos_on_a_files_pipeline_checks_append_and_merge_sinks() {
+    let dir = temp_dir();
+    let p = dir.path().join("files.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"[query]
+name = "orders-files"
+checkpoint = "chk"
+
+[source]
+type = "files"
+path = "in"
+format = "json"
+schema = {SCHEMA}
+
+[[sink]]
+type = "delta-append"
+path = "a"
+
+[[sink]]
+type = "parquet"
+path = "p"
+
+[[sink]]
+type = "delta-merge"
+path = "m"
+keys = ["order_id"]
+ordering = "updated_at"
+"#
+        ),
+    )
+    .unwrap();
+    let work = dir.path().join("chaos");
+    let out = run_weir(
+        &bin(),
+        &[
+            "chaos",
+            "--pipeline",
+            p.to_str().unwrap(),
+            "--kills",
+            "8",
+            "--seed",
+            "5",
+            "--batch-rows",
+            "100",
+            "--keys",
+            "200",
+            "--dir",
+            work.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |name: &str| -> String {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name} ")))
+            .unwrap_or_else(|| panic!("no '{name}' row in:\n{stdout}"))
+            .split('|')
+            .nth(2)
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(row("mismatches"), "0", "{stdout}");
+    let records = row("input records");
+    let checked = row("rows checked");
+    // Both append sinks hold exactly as many rows as the input had.
+    assert!(
+        checked.contains(&format!(
+            "delta-append {}: {records} rows",
+            work.join("delta_0").display()
+        )),
+        "{checked}"
+    );
+    assert!(
+        checked.contains(&format!(
+            "parquet {}: {records} rows",
+            work.join("parquet_1").display()
+        )),
+        "{checked}"
+    );
+}
