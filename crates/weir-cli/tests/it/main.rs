@@ -506,6 +506,19 @@ path = "out"
     }
 }
 
+/// The value column of a row of `weir chaos`'s table.
+fn chaos_row(stdout: &str, name: &str) -> String {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("| {name} ")))
+        .unwrap_or_else(|| panic!("no '{name}' row in:\n{stdout}"))
+        .split('|')
+        .nth(2)
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
 /// `weir chaos` on the worked example (Kafka -> newest per key -> Delta MERGE + PostgreSQL
 /// upsert through staging + ledger), short: kills at random moments and at fault points,
 /// restarts, then every sink against the reference. The long run (`--kills 100`) is in the
@@ -538,17 +551,7 @@ fn chaos_on_the_worked_example_finds_no_mismatch() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    let field = |name: &str| -> String {
-        stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("| {name} ")))
-            .unwrap_or_else(|| panic!("no '{name}' row in:\n{stdout}"))
-            .split('|')
-            .nth(2)
-            .unwrap()
-            .trim()
-            .to_string()
-    };
+    let field = |name: &str| chaos_row(&stdout, name);
     assert_eq!(field("mismatches"), "0", "{stdout}");
     assert!(field("kills").starts_with("6 "), "{stdout}");
     let committed: u64 = field("batches committed").parse().unwrap();
@@ -627,17 +630,7 @@ ordering = "updated_at"
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let row = |name: &str| -> String {
-        stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("| {name} ")))
-            .unwrap_or_else(|| panic!("no '{name}' row in:\n{stdout}"))
-            .split('|')
-            .nth(2)
-            .unwrap()
-            .trim()
-            .to_string()
-    };
+    let row = |name: &str| chaos_row(&stdout, name);
     assert_eq!(row("mismatches"), "0", "{stdout}");
     let records = row("input records");
     let checked = row("rows checked");
