@@ -26,7 +26,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use weir_core::checkpoint::list_ids;
+use weir_core::checkpoint::{Checkpoint, Recovery, decide, list_ids};
 use weir_core::datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use weir_core::datafusion::arrow::compute::cast;
 use weir_core::datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit};
@@ -265,17 +265,18 @@ fn points(p: &Pipeline) -> Vec<&'static str> {
     out
 }
 
-/// (the batch the next run starts with, whether it is a replay of a planned batch).
+/// (the batch the next run starts with, whether it is a replay of a planned batch), by the
+/// engine's own recovery decision.
 fn next_batch(checkpoint: &Path) -> Result<(u64, bool)> {
     let offsets = list_ids(&checkpoint.join("offsets"))?;
     let commits = list_ids(&checkpoint.join("commits"))?;
-    let last_planned = offsets.iter().max().copied();
-    let last_done = commits.iter().max().copied();
-    Ok(match (last_planned, last_done) {
-        (None, _) => (0, false),
-        (Some(p), Some(d)) if d >= p => (p + 1, false),
-        (Some(p), _) => (p, true),
-    })
+    Ok(
+        match decide(&offsets, &commits).map_err(|e| anyhow!("{}: {e}", checkpoint.display()))? {
+            Recovery::Fresh => (0, false),
+            Recovery::Replay(id) => (id, true),
+            Recovery::Next(id) => (id, false),
+        },
+    )
 }
 
 fn spawn(weir: &Path, pipeline: &Path, log: &Path, fault: Option<&str>) -> Result<Child> {
@@ -716,7 +717,8 @@ fn compare_all(what: &str, rows: Vec<(i64, Order)>, all: &[(i64, Order)], tally:
 
 async fn check_sinks(p: &Pipeline, input: &Input, committed: u64, tally: &mut Tally) -> Result<()> {
     let (all, latest) = reference(input)?;
-    let query_id = query_id(&p.query.checkpoint)?;
+    // The checkpoint exists by now: opening it only reads its metadata.
+    let query_id = Checkpoint::open(&p.query.checkpoint)?.query_id();
     let default_app = format!("{}-{query_id}", p.query.name);
     let ctx = SessionContext::new();
     for s in &p.sinks {
@@ -835,18 +837,6 @@ async fn check_sinks(p: &Pipeline, input: &Input, committed: u64, tally: &mut Ta
         }
     }
     Ok(())
-}
-
-fn query_id(checkpoint: &Path) -> Result<String> {
-    let path = checkpoint.join("metadata");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(text.trim())
-        .with_context(|| format!("{}: not JSON", path.display()))?;
-    v["id"]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| anyhow!("{}: no id", path.display()))
 }
 
 fn report(t: &Tally, committed: u64, points: &[&str], took: Duration) {
