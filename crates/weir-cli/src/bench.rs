@@ -298,53 +298,26 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 /// Records/s from Kafka through JSON parsing into the batch DataFrame: produces `n` order
 /// records into a new 3-partition topic, then reads them in batches of 200,000.
 async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
-    use weir_kafka::rdkafka::ClientConfig;
-    use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
     use weir_kafka::{BadRecordMode, KafkaOptions, KafkaSource, ValueFormat};
 
+    let work = std::env::temp_dir().join(format!("weir-bench-kafka-{}", std::process::id()));
+    let files = generate(&GenArgs {
+        dir: work.join("input"),
+        files: 60,
+        rows_per_file: n / 60,
+        keys: 100_000,
+        seed: 7,
+        late_ms: 60_000,
+        first_file: 0,
+    })?;
     let topic = format!("weir-bench-{}", std::process::id());
     weir_kafka::create_topic(bootstrap, &topic, 3).await?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "20")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?;
-    let mut pending = Vec::with_capacity(10_000);
-    for i in 0..n {
-        let v = format!(
-            "{{\"order_id\":{},\"status\":\"paid\",\"amount\":{}.25,\"updated_at\":\"2026-01-01T00:00:00.{:06}Z\"}}",
-            i % 100_000,
-            i % 1000,
-            i % 1_000_000
-        );
-        let p = producer.clone();
-        let t = topic.clone();
-        pending.push(tokio::spawn(async move {
-            p.send(
-                FutureRecord::<(), _>::to(&t)
-                    .partition((i % 3) as i32)
-                    .payload(&v),
-                std::time::Duration::from_secs(30),
-            )
-            .await
-            .map(|_| ())
-            .map_err(|(e, _)| e)
-        }));
-        if pending.len() == 10_000 {
-            for h in pending.drain(..) {
-                h.await??;
-            }
-        }
-    }
-    for h in pending {
-        h.await??;
-    }
+    let n = crate::demo::produce_lines(bootstrap, &topic, 3, &files, 0).await? as usize;
     let mut opts = KafkaOptions::new(bootstrap, vec![topic.clone()]);
     opts.value_format = ValueFormat::Json {
         schema: orders_schema(),
         mode: BadRecordMode::FailFast,
     };
-    let work = std::env::temp_dir().join(format!("weir-bench-kafka-{}", std::process::id()));
     let started = Instant::now();
     let writer = WeirSession::new()
         .read_stream()
@@ -417,13 +390,8 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
     let pipeline = crate::config::Pipeline::load(&path)?;
     drop_chaos_tables(url, &pipeline).await?;
     let started = Instant::now();
-    let writer = pipeline
-        .stream(&WeirSession::new())?
-        .write_stream()
-        .query_name(&pipeline.query.name)
-        .checkpoint(&pipeline.query.checkpoint)
-        .trigger(Trigger::AvailableNow)
-        .foreach_batch(weir_core::FanOut::new(pipeline.sinks()?));
+    // The rewritten file runs available-now, as `weir run` would run it.
+    let writer = pipeline.writer(&WeirSession::new())?;
     let (seconds, progress, rows) = run_to_end(writer, started).await?;
     if rows != n as u64 {
         bail!("example: read {rows} records, produced {n}");

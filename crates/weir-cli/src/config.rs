@@ -30,7 +30,8 @@ use serde::Deserialize;
 use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use weir_core::engine::parse_duration;
 use weir_core::{
-    ConsoleSink, FileFormat, ForeachBatch, ParquetSink, StreamingDataFrame, Trigger, WeirSession,
+    ConsoleSink, DataStreamWriter, FanOut, FileFormat, ForeachBatch, ParquetSink,
+    StreamingDataFrame, Trigger, WeirSession,
 };
 use weir_delta::{DeltaAppend, DeltaMerge};
 use weir_kafka::{
@@ -350,6 +351,22 @@ impl Pipeline {
             Some(t) => frame.sql(t.sql.clone()),
             None => frame,
         })
+    }
+
+    /// The whole query, ready for listeners and `start()`: the source with the transform,
+    /// name, checkpoint, trigger, retention and the sinks in file order behind one FanOut.
+    pub fn writer(&self, session: &WeirSession) -> Result<DataStreamWriter> {
+        let mut writer = self
+            .stream(session)?
+            .write_stream()
+            .query_name(&self.query.name)
+            .checkpoint(&self.query.checkpoint)
+            .trigger(self.trigger()?)
+            .foreach_batch(FanOut::new(self.sinks()?));
+        if let Some(n) = self.query.min_batches_to_retain {
+            writer = writer.min_batches_to_retain(n);
+        }
+        Ok(writer)
     }
 
     /// The Kafka source's options, checked.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use weir_core::{FanOut, WeirSession};
+use weir_core::WeirSession;
 
 #[derive(Parser)]
 #[command(
@@ -122,18 +122,7 @@ async fn dispatch(command: Command) -> Result<()> {
 
 async fn run_pipeline(path: &std::path::Path, progress: Option<&str>, quiet: bool) -> Result<()> {
     let pipeline = config::Pipeline::load(path)?;
-    let session = WeirSession::new();
-    let sinks = pipeline.sinks()?;
-    let mut writer = pipeline
-        .stream(&session)?
-        .write_stream()
-        .query_name(&pipeline.query.name)
-        .checkpoint(&pipeline.query.checkpoint)
-        .trigger(pipeline.trigger()?)
-        .foreach_batch(FanOut::new(sinks));
-    if let Some(n) = pipeline.query.min_batches_to_retain {
-        writer = writer.min_batches_to_retain(n);
-    }
+    let mut writer = pipeline.writer(&WeirSession::new())?;
     if let Some(p) = progress {
         writer = writer.listener(Arc::new(report::JsonLines::open(p)?));
     }
