@@ -184,10 +184,10 @@ pub fn read(
             action: "assigning partitions".into(),
             source,
         })?;
-        let mut open = parts.len();
         let mut last_progress = Instant::now();
         let mut progressed = false;
-        while open > 0 {
+        // A handful of partitions: asking each whether it is done costs less than the poll.
+        while parts.iter().any(|p| !p.done()) {
             match c.poll(std::time::Duration::from_millis(200)) {
                 Some(Ok(m)) => {
                     let Some(part) = parts
@@ -201,7 +201,6 @@ pub fn read(
                     }
                     if m.offset() >= part.to {
                         part.next = part.to;
-                        open -= 1;
                         continue;
                     }
                     let (timestamp, timestamp_type) = match m.timestamp() {
@@ -215,9 +214,6 @@ pub fn read(
                     part.keys.append_option(m.key());
                     part.values.append_option(m.payload());
                     part.next = m.offset() + 1;
-                    if part.done() {
-                        open -= 1;
-                    }
                     progressed = true;
                 }
                 Some(Err(source)) => {
@@ -241,12 +237,8 @@ pub fn read(
                                 && let Some(part) = parts
                                     .iter_mut()
                                     .find(|p| p.partition == e.partition() && p.topic == e.topic())
-                                && !part.done()
                             {
                                 part.next = part.next.max(at);
-                                if part.done() {
-                                    open -= 1;
-                                }
                             }
                         }
                     }
