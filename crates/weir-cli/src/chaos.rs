@@ -369,6 +369,19 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
     };
     std::fs::write(&pipeline_path, rewrite(&template, &origin, &target)?)?;
     let pipeline = Pipeline::load(&pipeline_path)?;
+    if pipeline.transform.is_some()
+        && let Some(s) = pipeline.sinks.iter().find(|s| {
+            matches!(
+                s,
+                SinkConfig::DeltaAppend { .. } | SinkConfig::Parquet { .. }
+            )
+        })
+    {
+        bail!(
+            "{origin}: {}: an append sink after a transform has no reference to check",
+            s.label()
+        );
+    }
     let kafka = matches!(pipeline.source, SourceConfig::Kafka { .. });
     if let Some(url) = &args.postgres {
         drop_chaos_tables(url, &pipeline).await?;
@@ -730,10 +743,8 @@ async fn check_sinks(p: &Pipeline, input: &Input, committed: u64, tally: &mut Ta
                 let rows = orders_of(&df.collect().await?, &what)?;
                 if matches!(s, SinkConfig::DeltaMerge { .. }) {
                     compare_latest(&what, &rows, &latest, tally);
-                } else if p.transform.is_none() {
-                    compare_all(&what, rows, &all, tally);
                 } else {
-                    bail!("{what}: an append sink after a transform has no reference to check");
+                    compare_all(&what, rows, &all, tally);
                 }
                 let version = weir_delta::table_version(path).await?;
                 if version != committed.checked_sub(1) {
@@ -764,9 +775,6 @@ async fn check_sinks(p: &Pipeline, input: &Input, committed: u64, tally: &mut Ta
                     )
                     .await?;
                 let rows = orders_of(&df.collect().await?, &what)?;
-                if p.transform.is_some() {
-                    bail!("{what}: an append sink after a transform has no reference to check");
-                }
                 compare_all(&what, rows, &all, tally);
             }
             SinkConfig::PostgresUpsert {

@@ -650,3 +650,63 @@ ordering = "updated_at"
         "{checked}"
     );
 }
+
+/// What `weir chaos` cannot run or check is refused before anything runs, naming the flag
+/// or the sink.
+#[test]
+fn chaos_refuses_what_it_cannot_run_or_check() {
+    let dir = temp_dir();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin())
+            .arg("chaos")
+            .args(args)
+            .env_remove("KAFKA_BOOTSTRAP")
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    // The worked example reads Kafka.
+    let work = dir.path().join("w1");
+    let err = run(&["--dir", work.to_str().unwrap()]);
+    assert!(err.contains("give the brokers with --kafka"), "{err}");
+    // An append sink after a transform has no reference to compare with.
+    let p = dir.path().join("bad.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"[query]
+name = "x"
+checkpoint = "chk"
+
+[source]
+type = "files"
+path = "in"
+format = "json"
+schema = {SCHEMA}
+
+[transform]
+sql = "SELECT * FROM batch WHERE amount > 10"
+
+[[sink]]
+type = "delta-append"
+path = "a"
+"#
+        ),
+    )
+    .unwrap();
+    let work = dir.path().join("w2");
+    let err = run(&[
+        "--pipeline",
+        p.to_str().unwrap(),
+        "--kills",
+        "1",
+        "--dir",
+        work.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("an append sink after a transform has no reference to check"),
+        "{err}"
+    );
+}
