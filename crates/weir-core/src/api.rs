@@ -3,19 +3,19 @@
 //! ```no_run
 //! # use weir_core::*;
 //! # async fn demo(schema: datafusion::arrow::datatypes::SchemaRef) -> Result<()> {
-//! let session = WeirSession::new();
-//! let query = session
+//! let query = WeirSession::new()
 //!     .read_stream()
 //!     .files("/data/in")
 //!     .format(FileFormat::Json)
 //!     .schema(schema)
 //!     .max_files_per_trigger(1)
-//!     .load()?
+//!     .load()
+//!     .await?
 //!     .write_stream()
 //!     .query_name("orders")
 //!     .checkpoint("/chk/orders")
 //!     .trigger(Trigger::AvailableNow)
-//!     .foreach_batch(|batch: datafusion::prelude::DataFrame, ctx: BatchContext| async move {
+//!     .foreach_batch(|batch, ctx| async move {
 //!         println!("batch {}: {} rows", ctx.batch_id, batch.count().await?);
 //!         Ok(())
 //!     })
@@ -24,9 +24,13 @@
 //! query.await_termination().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! Paths (`files`, `checkpoint`, and the sinks') may be local folders or object-store URLs
+//! (`s3://`, `az://`, `abfss://`, `gs://`); see [`crate::storage`].
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,24 +38,106 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
-use crate::checkpoint::{Checkpoint, StartPoint};
+use crate::checkpoint::{Checkpoint, LeaseSettings, StartPoint};
 use crate::engine::{
     BehindDetector, QueryListener, QuerySpec, Shared, StreamingQuery, Transform, Trigger, run,
 };
-use crate::error::{Error, Result};
-use crate::sink::ForeachBatch;
-use crate::source::file::FileSourceOptions;
-use crate::source::{FileFormat, FileSource, RateSource, ReadLimit, Source, SourceInit};
+use crate::error::{BoxError, Error, Result};
+use crate::sink::{BatchContext, ForeachBatch};
+use crate::source::{
+    BadRecordMode, CleanSource, FileFormat, FileSource, FileSourceOptions, RateSource, ReadLimit,
+    Source, SourceInit,
+};
+use crate::storage::{Location, StorageOptions};
 
 /// The pinned setting that a replay must reuse: the partitioning of the batch, so that
 /// sinks that name output by partition write the same names again.
 pub const PIN_TARGET_PARTITIONS: &str = "datafusion.execution.target_partitions";
 
-/// Entry point: holds the DataFusion configuration and runtime shared by its queries.
+/// Something that names a folder: a local path (`&str`, `String`, `&Path`, `PathBuf`), a
+/// URL string (`"s3://bucket/prefix"`), or a [`Location`].
+pub trait IntoLocation {
+    /// What was given, resolved later with the session's storage settings.
+    fn into_spec(self) -> LocationSpec;
+}
+
+/// A folder as given to a builder, before it is checked.
+#[derive(Debug, Clone)]
+pub enum LocationSpec {
+    /// A local path, whatever it looks like.
+    Local(PathBuf),
+    /// A path or URL in text (`scheme://` means an object store).
+    Text(String),
+    /// Already resolved.
+    Ready(Location),
+}
+
+impl LocationSpec {
+    /// The location, or an error naming `key` (an unsupported scheme, ...).
+    pub fn resolve(self, key: &str, options: &StorageOptions) -> Result<Location> {
+        match self {
+            LocationSpec::Local(p) => Ok(Location::local(p)),
+            LocationSpec::Text(t) => Location::parse(key, &t, None, options),
+            LocationSpec::Ready(l) => Ok(l),
+        }
+    }
+}
+
+impl IntoLocation for Location {
+    fn into_spec(self) -> LocationSpec {
+        LocationSpec::Ready(self)
+    }
+}
+
+impl IntoLocation for &Location {
+    fn into_spec(self) -> LocationSpec {
+        LocationSpec::Ready(self.clone())
+    }
+}
+
+impl IntoLocation for &str {
+    fn into_spec(self) -> LocationSpec {
+        LocationSpec::Text(self.to_string())
+    }
+}
+
+impl IntoLocation for String {
+    fn into_spec(self) -> LocationSpec {
+        LocationSpec::Text(self)
+    }
+}
+
+impl IntoLocation for &String {
+    fn into_spec(self) -> LocationSpec {
+        LocationSpec::Text(self.clone())
+    }
+}
+
+impl IntoLocation for &Path {
+    fn into_spec(self) -> LocationSpec {
+        LocationSpec::Local(self.to_path_buf())
+    }
+}
+
+impl IntoLocation for PathBuf {
+    fn into_spec(self) -> LocationSpec {
+        LocationSpec::Local(self)
+    }
+}
+
+impl IntoLocation for &PathBuf {
+    fn into_spec(self) -> LocationSpec {
+        LocationSpec::Local(self.clone())
+    }
+}
+
+/// Entry point: holds the DataFusion configuration and runtime shared by its queries, and
+/// the object-store settings for the URLs they use.
 #[derive(Clone)]
 pub struct WeirSession {
     config: SessionConfig,
     runtime: Arc<RuntimeEnv>,
+    storage: StorageOptions,
 }
 
 impl Default for WeirSession {
@@ -71,7 +157,25 @@ impl WeirSession {
         WeirSession {
             config,
             runtime: Arc::new(RuntimeEnv::default()),
+            storage: StorageOptions::default(),
         }
+    }
+
+    /// Object-store settings (endpoint, region, credentials, ...) for every `s3://`,
+    /// `az://` or `gs://` path of this session's queries.
+    pub fn storage_options(mut self, options: StorageOptions) -> Self {
+        self.storage = options;
+        self
+    }
+
+    /// The object-store settings.
+    pub fn storage(&self) -> &StorageOptions {
+        &self.storage
+    }
+
+    /// Parses a path or URL with this session's storage settings.
+    pub fn location(&self, key: &str, at: impl IntoLocation) -> Result<Location> {
+        at.into_spec().resolve(key, &self.storage)
     }
 
     /// Starts describing a streaming read.
@@ -79,11 +183,8 @@ impl WeirSession {
         DataStreamReader {
             session: self.clone(),
             kind: None,
-            format: FileFormat::Json,
-            schema: None,
+            files: FileSettings::default(),
             limit: ReadLimit::ALL,
-            latest_first: false,
-            max_file_age: None,
         }
     }
 
@@ -97,26 +198,51 @@ impl WeirSession {
 }
 
 enum ReaderKind {
-    Files(PathBuf),
+    Files(LocationSpec),
     Rate(u64),
     Custom(Arc<dyn Source>),
+}
+
+/// Settings that only a file source takes; set on another source they are an error.
+#[derive(Default)]
+struct FileSettings {
+    format: Option<FileFormat>,
+    schema: Option<SchemaRef>,
+    latest_first: Option<bool>,
+    max_file_age: Option<Duration>,
+    mode: Option<BadRecordMode>,
+    clean_source: Option<CleanSource>,
+    max_files: Option<usize>,
+}
+
+impl FileSettings {
+    fn any_set(&self) -> Option<&'static str> {
+        [
+            ("format", self.format.is_some()),
+            ("latest_first", self.latest_first.is_some()),
+            ("max_file_age", self.max_file_age.is_some()),
+            ("mode", self.mode.is_some()),
+            ("clean_source", self.clean_source.is_some()),
+            ("max_files_per_trigger", self.max_files.is_some()),
+        ]
+        .into_iter()
+        .find(|(_, set)| *set)
+        .map(|(k, _)| k)
+    }
 }
 
 /// Spark's `DataStreamReader`.
 pub struct DataStreamReader {
     session: WeirSession,
     kind: Option<ReaderKind>,
-    format: FileFormat,
-    schema: Option<SchemaRef>,
+    files: FileSettings,
     limit: ReadLimit,
-    latest_first: bool,
-    max_file_age: Option<Duration>,
 }
 
 impl DataStreamReader {
-    /// A folder of files.
-    pub fn files(mut self, path: impl Into<PathBuf>) -> Self {
-        self.kind = Some(ReaderKind::Files(path.into()));
+    /// A folder of files: a local path or an object-store URL.
+    pub fn files(mut self, path: impl IntoLocation) -> Self {
+        self.kind = Some(ReaderKind::Files(path.into_spec()));
         self
     }
 
@@ -132,21 +258,21 @@ impl DataStreamReader {
         self
     }
 
-    /// The file format (JSON lines by default).
+    /// The file format (JSON lines by default). Files only.
     pub fn format(mut self, format: FileFormat) -> Self {
-        self.format = format;
+        self.files.format = Some(format);
         self
     }
 
-    /// The schema of the files.
+    /// The schema of the files (Parquet: read from the first file when not given).
     pub fn schema(mut self, schema: SchemaRef) -> Self {
-        self.schema = Some(schema);
+        self.files.schema = Some(schema);
         self
     }
 
-    /// `maxFilesPerTrigger`.
+    /// `maxFilesPerTrigger`. Files only.
     pub fn max_files_per_trigger(mut self, n: usize) -> Self {
-        self.limit.max_files = Some(n);
+        self.files.max_files = Some(n);
         self
     }
 
@@ -156,20 +282,47 @@ impl DataStreamReader {
         self
     }
 
-    /// `latestFirst`.
-    pub fn latest_first(mut self, yes: bool) -> Self {
-        self.latest_first = yes;
+    /// `minOffsetsPerTrigger` and `maxTriggerDelay`: wait for `n` new records, but no
+    /// longer than `max_delay` since the last batch. Ignored by `AvailableNow` and `Once`,
+    /// which read everything there is.
+    pub fn min_offsets_per_trigger(mut self, n: u64, max_delay: Duration) -> Self {
+        self.limit.min_rows = Some((n, max_delay));
         self
     }
 
-    /// `maxFileAge`.
+    /// `latestFirst`. Files only.
+    pub fn latest_first(mut self, yes: bool) -> Self {
+        self.files.latest_first = Some(yes);
+        self
+    }
+
+    /// `maxFileAge`. Files only.
     pub fn max_file_age(mut self, age: Duration) -> Self {
-        self.max_file_age = Some(age);
+        self.files.max_file_age = Some(age);
+        self
+    }
+
+    /// `mode` for malformed lines: FAILFAST (default), PERMISSIVE, DROPMALFORMED. JSON and
+    /// CSV files only.
+    pub fn mode(mut self, mode: BadRecordMode) -> Self {
+        self.files.mode = Some(mode);
+        self
+    }
+
+    /// `cleanSource`: delete or archive the files of committed batches. Files only.
+    pub fn clean_source(mut self, clean: CleanSource) -> Self {
+        self.files.clean_source = Some(clean);
         self
     }
 
     /// Checks the settings and builds the source.
-    pub fn load(self) -> Result<StreamingDataFrame> {
+    pub async fn load(self) -> Result<StreamingDataFrame> {
+        let not_files = |what: &str, key: &str| {
+            Error::config(
+                key,
+                format!("applies to a file source (.files(..)), not to {what}"),
+            )
+        };
         let source: Arc<dyn Source> = match self.kind {
             None => {
                 return Err(Error::config(
@@ -177,15 +330,40 @@ impl DataStreamReader {
                     "no source given: call .files(path), .rate(n) or .source(..)",
                 ));
             }
-            Some(ReaderKind::Files(path)) => Arc::new(FileSource::new(FileSourceOptions {
-                path,
-                format: self.format,
-                schema: self.schema,
-                latest_first: self.latest_first,
-                max_file_age: self.max_file_age,
-            })?),
-            Some(ReaderKind::Rate(n)) => Arc::new(RateSource::new(n)?),
-            Some(ReaderKind::Custom(s)) => s,
+            Some(ReaderKind::Files(path)) => {
+                let f = self.files;
+                let mut opts = FileSourceOptions::new(
+                    path.resolve("source.path", &self.session.storage)?,
+                    f.format.unwrap_or(FileFormat::Json),
+                );
+                opts.schema = f.schema;
+                opts.latest_first = f.latest_first.unwrap_or(false);
+                opts.max_file_age = f.max_file_age;
+                opts.mode = f.mode.unwrap_or_default();
+                opts.clean_source = f.clean_source.unwrap_or_default();
+                let limit = ReadLimit {
+                    max_files: f.max_files,
+                    ..self.limit
+                };
+                return Ok(StreamingDataFrame {
+                    session: self.session,
+                    source: Arc::new(FileSource::new(opts).await?),
+                    limit,
+                    transforms: Vec::new(),
+                });
+            }
+            Some(ReaderKind::Rate(n)) => {
+                if let Some(k) = self.files.any_set() {
+                    return Err(not_files("the rate source", k));
+                }
+                Arc::new(RateSource::new(n)?)
+            }
+            Some(ReaderKind::Custom(s)) => {
+                if let Some(k) = self.files.any_set() {
+                    return Err(not_files(&s.description(), k));
+                }
+                s
+            }
         };
         Ok(StreamingDataFrame {
             session: self.session,
@@ -208,6 +386,12 @@ impl StreamingDataFrame {
     /// The schema of the source.
     pub fn source_schema(&self) -> SchemaRef {
         self.source.schema()
+    }
+
+    /// Replaces the read limits (what a source's config asks for).
+    pub fn with_read_limit(mut self, limit: ReadLimit) -> Self {
+        self.limit = limit;
+        self
     }
 
     /// Applies a DataFrame function to every batch.
@@ -237,6 +421,7 @@ impl StreamingDataFrame {
             retain: 100,
             behind: BehindDetector::default(),
             no_data_delay: Duration::from_millis(100),
+            lease: LeaseSettings::default(),
         }
     }
 }
@@ -245,25 +430,26 @@ impl StreamingDataFrame {
 pub struct DataStreamWriter {
     frame: StreamingDataFrame,
     name: Option<String>,
-    checkpoint: Option<PathBuf>,
+    checkpoint: Option<LocationSpec>,
     trigger: Trigger,
     sink: Option<Arc<dyn ForeachBatch>>,
     listeners: Vec<Arc<dyn QueryListener>>,
     retain: u64,
     behind: BehindDetector,
     no_data_delay: Duration,
+    lease: LeaseSettings,
 }
 
 impl DataStreamWriter {
-    /// The query name: stable across restarts; part of the sinks' default application id.
+    /// The query name: shown in progress and errors, part of the default app id.
     pub fn query_name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
     }
 
-    /// The checkpoint folder (required).
-    pub fn checkpoint(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.checkpoint = Some(dir.into());
+    /// The checkpoint folder (required): a local path or an object-store URL.
+    pub fn checkpoint(mut self, dir: impl IntoLocation) -> Self {
+        self.checkpoint = Some(dir.into_spec());
         self
     }
 
@@ -273,16 +459,52 @@ impl DataStreamWriter {
         self
     }
 
-    /// The function called with each batch: a closure `|DataFrame, BatchContext| async`
-    /// returning `Result<(), BoxError>`, or any [`ForeachBatch`] (sinks are).
-    pub fn foreach_batch(mut self, f: impl ForeachBatch + 'static) -> Self {
+    /// The function called with each batch: `|batch, ctx| async move { ...; Ok(()) }`.
+    /// Any error type converts with `?`; returning one stops the query without committing
+    /// the batch.
+    pub fn foreach_batch<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(DataFrame, BatchContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), BoxError>> + Send,
+    {
         self.sink = Some(Arc::new(f));
         self
     }
 
-    /// Like `foreach_batch`, for a sink already shared.
-    pub fn foreach_batch_arc(mut self, f: Arc<dyn ForeachBatch>) -> Self {
-        self.sink = Some(f);
+    /// Like `foreach_batch`, with `state` (your sinks, clients, settings) handed to every
+    /// call by value: `state` is cloned per batch, so the function needs no `Arc`s or
+    /// clones of its own.
+    ///
+    /// ```no_run
+    /// # use weir_core::*;
+    /// # fn w(writer: DataStreamWriter, parquet: ParquetSink) -> DataStreamWriter {
+    /// writer.foreach_batch_with(parquet, |parquet, batch, ctx| async move {
+    ///     parquet.call(batch, ctx).await
+    /// })
+    /// # }
+    /// ```
+    pub fn foreach_batch_with<S, F, Fut>(mut self, state: S, f: F) -> Self
+    where
+        S: Clone + Send + Sync + 'static,
+        F: Fn(S, DataFrame, BatchContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), BoxError>> + Send,
+    {
+        self.sink = Some(Arc::new(move |batch: DataFrame, ctx: BatchContext| {
+            f(state.clone(), batch, ctx)
+        }));
+        self
+    }
+
+    /// A sink (any [`ForeachBatch`]: [`crate::ParquetSink`], a Delta or PostgreSQL sink,
+    /// a [`crate::FanOut`]) as the batch function.
+    pub fn sink(mut self, sink: impl ForeachBatch + 'static) -> Self {
+        self.sink = Some(Arc::new(sink));
+        self
+    }
+
+    /// Like `sink`, for a sink already shared.
+    pub fn sink_arc(mut self, sink: Arc<dyn ForeachBatch>) -> Self {
+        self.sink = Some(sink);
         self
     }
 
@@ -312,9 +534,19 @@ impl DataStreamWriter {
         self
     }
 
-    /// Checks everything, opens the checkpoint, decides where to start (a pending batch is
-    /// run again first) and starts the query on the current tokio runtime. Errors found
-    /// here (bad settings, a corrupt checkpoint) are returned before anything runs.
+    /// How long the lease on an object-store checkpoint lives without renewal (default
+    /// 30 s): a restart after a crash waits up to this long for it to lapse.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease = LeaseSettings {
+            ttl: ttl.max(Duration::from_millis(300)),
+        };
+        self
+    }
+
+    /// Checks everything, opens and takes the checkpoint, decides where to start (a pending
+    /// batch is run again first) and starts the query on the current tokio runtime. Errors
+    /// found here (bad settings, a corrupt checkpoint, another query holding it) are
+    /// returned before anything runs.
     pub async fn start(self) -> Result<StreamingQuery> {
         if let Trigger::Continuous(_) = self.trigger {
             return Err(Error::ContinuousTriggerUnsupported);
@@ -322,17 +554,27 @@ impl DataStreamWriter {
         let sink = self.sink.ok_or_else(|| {
             Error::config(
                 "foreach-batch",
-                "no function given: call .foreach_batch(..)",
+                "no function given: call .foreach_batch(..) or .sink(..)",
             )
         })?;
-        let dir = self.checkpoint.ok_or_else(|| {
-            Error::config(
-                "checkpoint",
-                "a checkpoint folder is required: it is what makes batches replayable",
-            )
-        })?;
-        let checkpoint = Checkpoint::open(&dir)?;
-        let start = checkpoint.recover()?;
+        let dir = self
+            .checkpoint
+            .ok_or_else(|| {
+                Error::config(
+                    "checkpoint",
+                    "a checkpoint folder is required: it is what makes batches replayable",
+                )
+            })?
+            .resolve("query.checkpoint", &self.frame.session.storage)?;
+        let name = self.name.unwrap_or_else(|| "query".to_string());
+        let checkpoint = Checkpoint::open(dir, &name, self.lease).await?;
+        let start = match checkpoint.recover().await {
+            Ok(s) => s,
+            Err(e) => {
+                checkpoint.release().await;
+                return Err(e);
+            }
+        };
         // Settings pinned by the last recorded batch win over the current ones.
         let recorded = match &start {
             StartPoint::Fresh => None,
@@ -348,15 +590,19 @@ impl DataStreamWriter {
             PIN_TARGET_PARTITIONS.to_string(),
             ctx.state().config().target_partitions().to_string(),
         );
-        let name = self.name.unwrap_or_else(|| "query".to_string());
         let shared = Arc::new(Shared::new(checkpoint.query_id(), name));
-        self.frame
+        if let Err(e) = self
+            .frame
             .source
             .open(&SourceInit {
-                log_dir: checkpoint.source_dir(0),
+                log: checkpoint.source_log(0),
                 retain_batches: self.retain,
             })
-            .await?;
+            .await
+        {
+            checkpoint.release().await;
+            return Err(e);
+        }
         let spec = QuerySpec {
             checkpoint,
             start,

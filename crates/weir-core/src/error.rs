@@ -1,10 +1,15 @@
 //! The error type of `weir-core`.
 //!
-//! Every variant carries the context a person needs to act on it: the batch id, the
-//! file or the setting at fault. The engine never logs an error and carries on.
+//! Every variant carries the context a person needs to act on it: the batch id, the file,
+//! the sink or the setting at fault. Errors from other crates (DataFusion, object stores, a
+//! sink's own error type, the user's function) are kept as the `source()` of the variant that
+//! wraps them, so a caller can walk the chain or downcast; [`crate::sink::error_chain`]
+//! prints the whole chain on one line. The engine never logs an error and carries on.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+
+use crate::checkpoint::RecoveryError;
 
 /// An error that a user's function (or a sink) returns to the engine.
 ///
@@ -19,7 +24,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Reading or writing a file or folder failed.
+    /// Reading or writing a local file or folder failed.
     #[error("{action} {path}: {source}")]
     Io {
         action: &'static str,
@@ -28,23 +33,36 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An object store (S3, Azure, GCS) refused or failed a request.
+    #[error("{action} {location}")]
+    Store {
+        action: &'static str,
+        location: String,
+        #[source]
+        source: Box<object_store::Error>,
+    },
+
     /// A checkpoint log file exists but cannot be used (empty, garbage, bad JSON,
     /// unknown version). Nothing is restarted from zero: fix or remove the file.
     #[error("Failed to read log file {path}. {reason}")]
-    CorruptLog { path: PathBuf, reason: String },
+    CorruptLog { path: String, reason: String },
 
     /// The logs of a checkpoint contradict each other (a gap, a commit without an
     /// offset entry, more than one uncommitted batch).
-    #[error("checkpoint {dir} is inconsistent: {reason}")]
-    InconsistentCheckpoint { dir: PathBuf, reason: String },
+    #[error("checkpoint {dir} is inconsistent: {source}")]
+    InconsistentCheckpoint {
+        dir: String,
+        #[source]
+        source: RecoveryError,
+    },
 
-    /// A log file that this query was about to write already exists: another query is
-    /// running on the same checkpoint (or ran after this one started).
+    /// Another query holds the checkpoint (its lock file or lease), or wrote a log file
+    /// that this query was about to write.
     #[error(
-        "{path} already exists: another query is using the checkpoint {dir}; \
-         stop it, or give this query its own checkpoint"
+        "another query is using the checkpoint {dir} ({detail}); stop it, or give this \
+         query its own checkpoint"
     )]
-    CheckpointInUse { dir: PathBuf, path: PathBuf },
+    CheckpointInUse { dir: String, detail: String },
 
     /// The user's function (or a sink called from it) returned an error for a batch.
     /// The batch was not committed; the next start runs it again with the same id.
@@ -67,12 +85,58 @@ pub enum Error {
         message: String,
     },
 
-    /// A source could not list, plan or read its input.
-    #[error("source {source_name}: {reason}")]
-    Source { source_name: String, reason: String },
+    /// Code outside the user's function panicked (a transform, a listener, the engine).
+    #[error("query '{query}': a panic {}: {message}", match last_batch {
+        Some(b) => format!("after batch {b}"),
+        None => "before the first batch".to_string(),
+    })]
+    Panicked {
+        query: String,
+        /// The last batch the query had started, if any.
+        last_batch: Option<u64>,
+        message: String,
+    },
+
+    /// A source could not list, plan or read its input; `source` is the source's own error.
+    #[error("source {source_name}")]
+    Source {
+        source_name: String,
+        #[source]
+        source: BoxError,
+    },
+
+    /// A recorded input file changed (or vanished) after its batch was planned: replaying
+    /// the batch would read other data.
+    #[error(
+        "input file {file}, taken by batch {batch_id}, {change}: files must stay as they are \
+         until their batch is committed"
+    )]
+    InputChanged {
+        file: String,
+        batch_id: u64,
+        change: String,
+    },
+
+    /// A line of an input file could not be parsed (FAILFAST).
+    #[error("malformed record in {file} at line {line}: {reason}")]
+    MalformedInput {
+        file: String,
+        line: u64,
+        reason: String,
+    },
+
+    /// An upsert sink found NULLs where its rules refuse them (see `sink::upsert`).
+    #[error("{sink}: batch {batch_id}: {rows} row(s) have a NULL in {column}: {hint}")]
+    NullValues {
+        sink: String,
+        batch_id: u64,
+        column: String,
+        rows: u64,
+        hint: String,
+    },
 
     /// DataFusion failed while planning or executing, with what weir was doing.
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     DataFusion {
         context: String,
         #[source]
@@ -87,12 +151,14 @@ pub enum Error {
     #[error("'foreachBatch' is not supported with continuous trigger.")]
     ContinuousTriggerUnsupported,
 
-    /// A sink failed between its durable steps; it names the sink and the batch.
-    #[error("sink {sink}: batch {batch_id}: {reason}")]
+    /// A sink failed between its durable steps; it names the sink and the batch, and keeps
+    /// the sink's own error as the source.
+    #[error("sink {sink}: batch {batch_id}")]
     Sink {
         sink: String,
         batch_id: u64,
-        reason: String,
+        #[source]
+        source: BoxError,
     },
 
     /// A step of the engine failed for a batch; `stage` says which.
@@ -118,6 +184,10 @@ pub enum Error {
         #[source]
         source: Arc<Error>,
     },
+
+    /// Something that should not happen did (a task the engine started ended abnormally).
+    #[error("internal error: {what}")]
+    Internal { what: String },
 }
 
 impl Error {
@@ -146,6 +216,14 @@ impl Error {
         Error::Config {
             key: key.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// A `Source` error: the source's own error, with the source's description.
+    pub fn from_source(source_name: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Source {
+            source_name: source_name.into(),
+            source: source.into(),
         }
     }
 }

@@ -9,27 +9,34 @@
 //! uncommitted batch runs again with exactly its recorded offsets and the same id, so a sink
 //! that keys its writes by batch id (see [`sink`]) turns the second write into a no-op.
 //!
-//! Modules: [`checkpoint`] (logs and recovery), [`source`] (files, rate, memory),
+//! Modules: [`checkpoint`] (logs, recovery, the lock), [`source`] (files, rate, memory),
 //! [`engine`] (runner, triggers, progress), [`sink`] (the contract, Parquet, console),
-//! [`fault`] (fault points for crash tests).
+//! [`storage`] (local folders and object stores), [`fault`] (fault points for crash tests).
 
 pub mod api;
 pub mod checkpoint;
+pub mod connector;
 pub mod engine;
 pub mod error;
 pub mod fault;
 pub mod sink;
 pub mod source;
+pub mod storage;
 
-pub use api::{DataStreamReader, DataStreamWriter, StreamingDataFrame, WeirSession};
+pub use api::{
+    DataStreamReader, DataStreamWriter, IntoLocation, LocationSpec, StreamingDataFrame, WeirSession,
+};
 pub use engine::{QueryListener, StreamingQuery, StreamingQueryProgress, Trigger};
 pub use error::{BoxError, Error, Result};
 pub use sink::{
-    BatchContext, ConsoleSink, FanOut, ForeachBatch, ParquetSink, SinkMetrics, dedupe_latest,
+    BatchContext, ConsoleSink, FanOut, ForeachBatch, NullKeys, NullOrdering, ParquetSink,
+    SinkMetric, SinkMetrics, dedupe_latest,
 };
 pub use source::{
-    FileFormat, FileSource, MemorySource, RateSource, ReadLimit, Source, SourceOffset,
+    BadRecordMode, CleanSource, FileFormat, FileSource, FileSourceOptions, MemorySource,
+    RateSource, ReadLimit, Source, SourceOffset,
 };
+pub use storage::{Location, StorageOptions};
 
 /// The DataFusion this engine is built on, re-exported so users link the same version.
 pub use datafusion;

@@ -5,24 +5,31 @@
 //! <checkpoint>/offsets/N       v1, batch metadata, one offset line per source
 //! <checkpoint>/commits/N       v1, {"nextBatchWatermarkMs":0}
 //! <checkpoint>/sources/<i>/N   a source's own log (the file source's file lists)
+//! <checkpoint>/.lock           (local) held with an OS file lock while a query runs
+//! <checkpoint>/_lease          (object stores) the running query's lease, renewed
 //! ```
 //!
-//! The shapes are Spark's (see `shared/reference/spark-4.3.0`), so the tools people use
-//! to look at Spark checkpoints read these too. Every file goes through
-//! [`file::write_new`]: atomic, durable, never overwritten.
+//! The shapes are Spark's (see `shared/reference/spark-4.3.0`), so the tools people use to
+//! look at Spark checkpoints read these too. The checkpoint may be a local folder or an
+//! object-store prefix ([`crate::storage::Location`]); every log file is written once
+//! (hard link locally, `PutMode::Create` on object stores): finding it already there means
+//! another query wrote it. Only this module builds paths inside the checkpoint.
 
-pub mod file;
+mod lock;
+pub mod log;
 pub mod recovery;
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::source::SourceOffset;
-use file::WriteOutcome;
+use crate::storage::{Location, WriteOutcome, is_hidden};
+pub use lock::{CheckpointGuard, LeaseSettings};
 pub use recovery::{Recovery, RecoveryError, decide};
 
 const LOG_VERSION: u32 = 1;
@@ -32,6 +39,10 @@ const LOG_VERSION: u32 = 1;
 pub struct QueryMetadata {
     /// The query id: stable across restarts of this checkpoint, new for a new one.
     pub id: uuid::Uuid,
+    /// The query's name when the checkpoint was created (weir's addition; Spark writes
+    /// only the id). Part of the sinks' default app id, so a rename does not change it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// The batch metadata line of `offsets/N`.
@@ -60,45 +71,55 @@ pub struct OffsetSeq {
 
 impl OffsetSeq {
     /// The file's bytes: `v1`, the metadata line, one line per source, no final newline.
-    pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let mut out = format!("v{LOG_VERSION}\n");
-        out.push_str(&to_json(&self.metadata)?);
+    pub fn to_bytes(&self) -> Result<Bytes> {
+        let mut lines = vec![to_json(&self.metadata)?];
         for o in &self.offsets {
-            out.push('\n');
-            match o {
-                Some(o) => out.push_str(&o.to_string()),
-                None => out.push('-'),
-            }
+            lines.push(match o {
+                Some(o) => o.to_string(),
+                None => "-".into(),
+            });
         }
-        Ok(out.into_bytes())
+        Ok(log::render(lines))
     }
 
-    /// Reads `offsets/N`, naming the file in every error.
-    pub fn read(path: &Path) -> Result<Self> {
-        let lines = file::read_versioned(path, LOG_VERSION, "offset log")?;
+    /// Parses the bytes of `offsets/N`; `path` names the file in every error.
+    pub fn parse(bytes: &[u8], path: &str) -> Result<Self> {
+        let lines = log::parse_versioned(bytes, path, LOG_VERSION, "offset log")?;
         let Some((meta, rest)) = lines.split_first() else {
             return Err(Error::CorruptLog {
-                path: path.to_path_buf(),
+                path: path.to_string(),
                 reason: "The batch metadata line is missing".into(),
             });
         };
-        let metadata = file::parse_line(path, 2, meta)?;
+        let metadata = log::parse_line(path, 2, meta)?;
         let offsets = rest
             .iter()
             .enumerate()
             .map(|(i, l)| match l.trim() {
                 "-" => Ok(None),
-                l => file::parse_line::<serde_json::Value>(path, i + 3, l)
+                l => log::parse_line::<serde_json::Value>(path, i + 3, l)
                     .map(|v| Some(SourceOffset::new(v))),
             })
             .collect::<Result<Vec<_>>>()?;
         if offsets.is_empty() {
             return Err(Error::CorruptLog {
-                path: path.to_path_buf(),
+                path: path.to_string(),
                 reason: "No source offset line follows the batch metadata".into(),
             });
         }
         Ok(OffsetSeq { metadata, offsets })
+    }
+
+    /// The end offset of source `index`; an error naming the file when it is `-` or absent.
+    pub fn source(&self, index: usize, path: &str) -> Result<SourceOffset> {
+        self.offsets
+            .get(index)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| Error::CorruptLog {
+                path: path.to_string(),
+                reason: format!("The offset of source {index} is missing ('-')"),
+            })
     }
 }
 
@@ -110,17 +131,17 @@ pub struct CommitMetadata {
 }
 
 impl CommitMetadata {
-    fn to_bytes(&self) -> Result<Vec<u8>> {
-        Ok(format!("v{LOG_VERSION}\n{}", to_json(self)?).into_bytes())
+    fn to_bytes(&self) -> Result<Bytes> {
+        Ok(log::render([to_json(self)?]))
     }
 
-    /// Reads `commits/N`, naming the file in every error.
-    pub fn read(path: &Path) -> Result<Self> {
-        let lines = file::read_versioned(path, LOG_VERSION, "offset commit log")?;
+    /// Parses the bytes of `commits/N`, naming the file in every error.
+    pub fn parse(bytes: &[u8], path: &str) -> Result<Self> {
+        let lines = log::parse_versioned(bytes, path, LOG_VERSION, "offset commit log")?;
         match lines.first() {
-            Some(l) => file::parse_line(path, 2, l),
+            Some(l) => log::parse_line(path, 2, l),
             None => Err(Error::CorruptLog {
-                path: path.to_path_buf(),
+                path: path.to_string(),
                 reason: "The commit metadata line is missing".into(),
             }),
         }
@@ -147,48 +168,98 @@ pub enum StartPoint {
     },
 }
 
-/// An open checkpoint folder.
+/// An open checkpoint.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
-    dir: PathBuf,
+    root: Location,
     metadata: QueryMetadata,
     created: bool,
+    /// The lock or lease this process holds; `None` for a checkpoint opened to look at.
+    guard: Option<Arc<CheckpointGuard>>,
+    /// Entries below this id are known to be purged already.
+    purged_below: Arc<AtomicU64>,
 }
 
 impl Checkpoint {
-    /// Opens `dir`, creating it and its `metadata` (a new query id) if needed.
-    pub fn open(dir: impl Into<PathBuf>) -> Result<Self> {
-        let dir = dir.into();
-        fs::create_dir_all(&dir).map_err(|e| Error::io("creating checkpoint folder", &dir, e))?;
-        let path = dir.join("metadata");
-        let mut created = false;
-        if !path.exists() {
-            let fresh = QueryMetadata {
-                id: uuid::Uuid::new_v4(),
-            };
-            created = file::write_new(&path, to_json(&fresh)?.as_bytes())? == WriteOutcome::Written;
-        }
-        let text = fs::read_to_string(&path).map_err(|e| Error::io("reading", &path, e))?;
-        let metadata: QueryMetadata =
-            serde_json::from_str(text.trim()).map_err(|e| Error::CorruptLog {
-                path: path.clone(),
-                reason: format!("The query metadata is not valid: {e}"),
-            })?;
+    /// Opens the checkpoint at `root` for running a query: creates it and its `metadata` (a
+    /// new query id) if needed, and takes it for this process (a file lock on a local disk,
+    /// a lease on an object store). Another query holding it is an error, before anything
+    /// is read.
+    pub async fn open(root: Location, name: &str, lease: LeaseSettings) -> Result<Self> {
+        root.create_dir().await?;
+        let guard = CheckpointGuard::acquire(&root, lease).await?;
+        let (metadata, created) = Self::read_or_create_metadata(&root, name).await?;
         Ok(Checkpoint {
-            dir,
+            root,
             metadata,
             created,
+            guard: Some(Arc::new(guard)),
+            purged_below: Arc::new(AtomicU64::new(0)),
         })
     }
 
-    /// The folder.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// Opens an existing checkpoint to look at it, without taking it. `Ok(None)` when
+    /// there is no checkpoint at `root` (no `metadata`).
+    pub async fn inspect(root: Location) -> Result<Option<Self>> {
+        let Some(bytes) = root.get("metadata").await? else {
+            return Ok(None);
+        };
+        let metadata = Self::parse_metadata(&bytes, &root.describe("metadata"))?;
+        Ok(Some(Checkpoint {
+            root,
+            metadata,
+            created: false,
+            guard: None,
+            purged_below: Arc::new(AtomicU64::new(0)),
+        }))
+    }
+
+    async fn read_or_create_metadata(root: &Location, name: &str) -> Result<(QueryMetadata, bool)> {
+        let mut created = false;
+        let bytes = match root.get("metadata").await? {
+            Some(b) => b,
+            None => {
+                let fresh = QueryMetadata {
+                    id: uuid::Uuid::new_v4(),
+                    name: Some(name.to_string()),
+                };
+                let body = Bytes::from(to_json(&fresh)?);
+                created = root.put_new("metadata", body.clone()).await? == WriteOutcome::Written;
+                if created {
+                    body
+                } else {
+                    root.get("metadata").await?.unwrap_or_default()
+                }
+            }
+        };
+        Ok((
+            Self::parse_metadata(&bytes, &root.describe("metadata"))?,
+            created,
+        ))
+    }
+
+    fn parse_metadata(bytes: &[u8], path: &str) -> Result<QueryMetadata> {
+        let text = std::str::from_utf8(bytes).unwrap_or_default();
+        serde_json::from_str(text.trim()).map_err(|e| Error::CorruptLog {
+            path: path.to_string(),
+            reason: format!("The query metadata is not valid: {e}"),
+        })
+    }
+
+    /// Where the checkpoint is.
+    pub fn location(&self) -> &Location {
+        &self.root
     }
 
     /// The query id recorded in `metadata`.
     pub fn query_id(&self) -> uuid::Uuid {
         self.metadata.id
+    }
+
+    /// The query name recorded when the checkpoint was created (checkpoints written by
+    /// Spark or older weir have none).
+    pub fn created_name(&self) -> Option<&str> {
+        self.metadata.name.as_deref()
     }
 
     /// True when this process created the checkpoint (its first start).
@@ -197,47 +268,77 @@ impl Checkpoint {
     }
 
     /// `<checkpoint>/sources/<index>`: a source's own log folder.
-    pub fn source_dir(&self, index: usize) -> PathBuf {
-        self.dir.join("sources").join(index.to_string())
+    pub fn source_log(&self, index: usize) -> Location {
+        self.root.join(&format!("sources/{index}"))
     }
 
-    fn offsets_path(&self, batch_id: u64) -> PathBuf {
-        self.dir.join("offsets").join(batch_id.to_string())
+    /// `<checkpoint>/state/<operator>`: a stateful operator's folder.
+    pub fn state_dir(&self, operator: usize) -> Location {
+        self.root.join(&format!("state/{operator}"))
     }
 
-    fn commits_path(&self, batch_id: u64) -> PathBuf {
-        self.dir.join("commits").join(batch_id.to_string())
+    fn offsets_dir(&self) -> Location {
+        self.root.join("offsets")
+    }
+
+    fn commits_dir(&self) -> Location {
+        self.root.join("commits")
+    }
+
+    /// How `offsets/N` is named in messages.
+    pub fn offsets_name(&self, batch_id: u64) -> String {
+        self.offsets_dir().describe(&batch_id.to_string())
+    }
+
+    /// Fails when the lease of an object-store checkpoint was lost (another query took it
+    /// over): checked before every write of the logs.
+    pub fn ensure_held(&self) -> Result<()> {
+        match &self.guard {
+            Some(g) => g.ensure_held(&self.root),
+            None => Err(Error::Internal {
+                what: format!(
+                    "the checkpoint {} was opened to look at, not to run a query",
+                    self.root
+                ),
+            }),
+        }
+    }
+
+    /// Gives up the lock or lease (when the query ends).
+    pub async fn release(&self) {
+        if let Some(g) = &self.guard {
+            g.release(&self.root).await;
+        }
     }
 
     /// The batch ids in `offsets/` and `commits/`.
-    pub fn batch_ids(&self) -> Result<(Vec<u64>, Vec<u64>)> {
-        Ok((
-            list_ids(&self.dir.join("offsets"))?,
-            list_ids(&self.dir.join("commits"))?,
-        ))
+    pub async fn batch_ids(&self) -> Result<(Vec<u64>, Vec<u64>)> {
+        let (offsets, commits) = (self.offsets_dir(), self.commits_dir());
+        let (o, c) = futures::try_join!(list_ids(&offsets), list_ids(&commits))?;
+        Ok((o, c))
     }
 
     /// Reads both logs and decides where to start. Never a silent restart from zero: a log
     /// that cannot be trusted is an error naming the file.
-    pub fn recover(&self) -> Result<StartPoint> {
-        let (offsets, commits) = self.batch_ids()?;
-        let inconsistent = |reason: String| Error::InconsistentCheckpoint {
-            dir: self.dir.clone(),
-            reason,
+    pub async fn recover(&self) -> Result<StartPoint> {
+        let (offsets, commits) = self.batch_ids().await?;
+        let inconsistent = |source: RecoveryError| Error::InconsistentCheckpoint {
+            dir: self.root.to_string(),
+            source,
         };
-        match decide(&offsets, &commits).map_err(|e| inconsistent(e.to_string()))? {
+        match decide(&offsets, &commits).map_err(inconsistent)? {
             Recovery::Fresh => Ok(StartPoint::Fresh),
             Recovery::Replay(id) => {
-                let batch = OffsetSeq::read(&self.offsets_path(id))?;
+                let batch = self.read_offsets(id).await?;
                 let start = match id.checked_sub(1) {
                     Some(prev) if offsets.contains(&prev) => {
-                        CommitMetadata::read(&self.commits_path(prev))?;
-                        Some(OffsetSeq::read(&self.offsets_path(prev))?)
+                        self.require_commit(prev).await?;
+                        Some(self.read_offsets(prev).await?)
                     }
-                    Some(prev) => {
-                        return Err(inconsistent(format!(
-                            "offsets/{id} must be run again but offsets/{prev}, where it starts, is missing"
-                        )));
+                    Some(_) => {
+                        return Err(inconsistent(RecoveryError::ReplayStartMissing {
+                            batch: id,
+                        }));
                     }
                     None => None,
                 };
@@ -251,82 +352,106 @@ impl Checkpoint {
                 let prev = id - 1;
                 Ok(StartPoint::Next {
                     batch_id: id,
-                    previous: OffsetSeq::read(&self.offsets_path(prev))?,
-                    commit: CommitMetadata::read(&self.commits_path(prev))?,
+                    previous: self.read_offsets(prev).await?,
+                    commit: self.require_commit(prev).await?,
                 })
             }
         }
     }
 
+    async fn require_commit(&self, batch_id: u64) -> Result<CommitMetadata> {
+        self.read_commit(batch_id)
+            .await?
+            .ok_or_else(|| Error::CorruptLog {
+                path: self.commits_dir().describe(&batch_id.to_string()),
+                reason: "The commit entry vanished while it was being read".into(),
+            })
+    }
+
     /// Reads `offsets/N`.
-    pub fn read_offsets(&self, batch_id: u64) -> Result<OffsetSeq> {
-        OffsetSeq::read(&self.offsets_path(batch_id))
-    }
-
-    /// Reads `commits/N`; `Ok(None)` if the batch is not committed.
-    pub fn read_commit(&self, batch_id: u64) -> Result<Option<CommitMetadata>> {
-        let p = self.commits_path(batch_id);
-        if p.exists() {
-            CommitMetadata::read(&p).map(Some)
-        } else {
-            Ok(None)
-        }
-    }
-
-    /// Writes `offsets/N` before anything of batch N runs.
-    pub fn write_offsets(&self, batch_id: u64, seq: &OffsetSeq) -> Result<()> {
-        self.write_once(&self.offsets_path(batch_id), &seq.to_bytes()?)
-    }
-
-    /// Writes `commits/N` after batch N's function returned `Ok`.
-    pub fn write_commit(&self, batch_id: u64, commit: &CommitMetadata) -> Result<()> {
-        self.write_once(&self.commits_path(batch_id), &commit.to_bytes()?)
-    }
-
-    fn write_once(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        match file::write_new(path, bytes)? {
-            WriteOutcome::Written => Ok(()),
-            WriteOutcome::AlreadyExists => Err(Error::CheckpointInUse {
-                dir: self.dir.clone(),
-                path: path.to_path_buf(),
+    pub async fn read_offsets(&self, batch_id: u64) -> Result<OffsetSeq> {
+        let name = batch_id.to_string();
+        let path = self.offsets_dir().describe(&name);
+        match self.offsets_dir().get(&name).await? {
+            Some(b) => OffsetSeq::parse(&b, &path),
+            None => Err(Error::CorruptLog {
+                path,
+                reason: "The offset log entry is missing".into(),
             }),
         }
     }
 
-    /// Deletes offset and commit entries of batches below `keep_from`.
-    pub fn purge(&self, keep_from: u64) -> Result<()> {
-        for sub in ["offsets", "commits"] {
-            let dir = self.dir.join(sub);
-            for id in list_ids(&dir)?.into_iter().filter(|&id| id < keep_from) {
-                let p = dir.join(id.to_string());
-                fs::remove_file(&p).map_err(|e| Error::io("removing old log entry", &p, e))?;
-            }
+    /// Reads `commits/N`; `Ok(None)` if the batch is not committed.
+    pub async fn read_commit(&self, batch_id: u64) -> Result<Option<CommitMetadata>> {
+        let name = batch_id.to_string();
+        match self.commits_dir().get(&name).await? {
+            Some(b) => CommitMetadata::parse(&b, &self.commits_dir().describe(&name)).map(Some),
+            None => Ok(None),
         }
+    }
+
+    /// Writes `offsets/N` before anything of batch N runs.
+    pub async fn write_offsets(&self, batch_id: u64, seq: &OffsetSeq) -> Result<()> {
+        self.write_once(&self.offsets_dir(), batch_id, seq.to_bytes()?)
+            .await
+    }
+
+    /// Writes `commits/N` after batch N's function returned `Ok`.
+    pub async fn write_commit(&self, batch_id: u64, commit: &CommitMetadata) -> Result<()> {
+        self.write_once(&self.commits_dir(), batch_id, commit.to_bytes()?)
+            .await
+    }
+
+    async fn write_once(&self, dir: &Location, batch_id: u64, bytes: Bytes) -> Result<()> {
+        self.ensure_held()?;
+        let name = batch_id.to_string();
+        match dir.put_new(&name, bytes).await? {
+            WriteOutcome::Written => Ok(()),
+            WriteOutcome::AlreadyExists => Err(Error::CheckpointInUse {
+                dir: self.root.to_string(),
+                detail: format!("{} was written by someone else", dir.describe(&name)),
+            }),
+        }
+    }
+
+    /// Deletes offset and commit entries of batches below `keep_from`. The first call lists
+    /// both logs; later calls delete just the entries that fell out of retention since.
+    pub async fn purge(&self, keep_from: u64) -> Result<()> {
+        let below = self.purged_below.load(Ordering::Relaxed);
+        if keep_from <= below {
+            return Ok(());
+        }
+        for dir in [self.offsets_dir(), self.commits_dir()] {
+            let doomed: Vec<String> = if below == 0 {
+                list_ids(&dir)
+                    .await?
+                    .into_iter()
+                    .filter(|&id| id < keep_from)
+                    .map(|id| id.to_string())
+                    .collect()
+            } else {
+                (below..keep_from).map(|id| id.to_string()).collect()
+            };
+            dir.delete_many(doomed).await?;
+        }
+        self.purged_below.store(keep_from, Ordering::Relaxed);
         Ok(())
     }
 }
 
-/// The numeric file names in a log folder. Hidden names (temp files, `.crc`) are skipped;
-/// anything else is an error naming it.
-pub fn list_ids(dir: &Path) -> Result<Vec<u64>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io("listing", dir, e)),
-    };
+/// The numeric file names in a log folder. Hidden names (temp files, `.crc`) and
+/// `.compact` files are skipped; anything else is an error naming it.
+pub async fn list_ids(dir: &Location) -> Result<Vec<u64>> {
     let mut ids = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io("listing", dir, e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if file::is_hidden(&name) || name.ends_with(".compact") {
+    for name in dir.list_names().await? {
+        if is_hidden(&name) || name.ends_with(".compact") {
             continue;
         }
         match name.parse::<u64>() {
             Ok(id) => ids.push(id),
             Err(_) => {
                 return Err(Error::CorruptLog {
-                    path: entry.path(),
+                    path: dir.describe(&name),
                     reason: "Unexpected file in a log folder: log entries are named by batch id"
                         .into(),
                 });

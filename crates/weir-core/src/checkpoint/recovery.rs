@@ -16,7 +16,7 @@ pub enum Recovery {
     Next(u64),
 }
 
-/// Why the logs cannot be trusted. The caller turns it into an error naming the folder.
+/// Why the logs cannot be trusted. The caller wraps it in an error naming the folder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecoveryError {
     /// `offsets/{missing}` is absent between retained entries.
@@ -28,7 +28,11 @@ pub enum RecoveryError {
         latest_offset: u64,
         latest_commit: Option<u64>,
     },
+    /// `offsets/{batch}` must run again but `offsets/{batch - 1}`, where it starts, is gone.
+    ReplayStartMissing { batch: u64 },
 }
+
+impl std::error::Error for RecoveryError {}
 
 impl std::fmt::Display for RecoveryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -43,6 +47,11 @@ impl std::fmt::Display for RecoveryError {
                 f,
                 "commits/{commit} exists but offsets/{commit} does not; the offset log was \
                  truncated or belongs to another query"
+            ),
+            RecoveryError::ReplayStartMissing { batch } => write!(
+                f,
+                "offsets/{batch} must be run again but offsets/{}, where it starts, is missing",
+                batch.saturating_sub(1)
             ),
             RecoveryError::CommitLogBehind {
                 latest_offset,

@@ -1,4 +1,13 @@
+use std::fs;
+use std::path::Path;
+
 use super::*;
+
+async fn open(dir: &Path) -> Checkpoint {
+    Checkpoint::open(Location::local(dir), "orders", LeaseSettings::default())
+        .await
+        .unwrap()
+}
 
 fn seq(offset: serde_json::Value) -> OffsetSeq {
     OffsetSeq {
@@ -16,14 +25,17 @@ fn seq(offset: serde_json::Value) -> OffsetSeq {
     }
 }
 
-#[test]
-fn files_have_the_shapes_of_sparks_samples() {
+#[tokio::test]
+async fn files_have_the_shapes_of_sparks_samples() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = Checkpoint::open(dir.path().join("chk")).unwrap();
+    let cp = open(&dir.path().join("chk")).await;
     assert!(cp.is_new());
     cp.write_offsets(5, &seq(serde_json::json!({"logOffset": 5})))
+        .await
         .unwrap();
-    cp.write_commit(5, &CommitMetadata::default()).unwrap();
+    cp.write_commit(5, &CommitMetadata::default())
+        .await
+        .unwrap();
     let offsets = fs::read_to_string(dir.path().join("chk/offsets/5")).unwrap();
     assert_eq!(
         offsets,
@@ -38,24 +50,33 @@ fn files_have_the_shapes_of_sparks_samples() {
     );
     // Spark's own sample parses.
     let sample = "v1\n{\"batchWatermarkMs\":0,\"batchTimestampMs\":1796213408634,\"conf\":{\"spark.sql.shuffle.partitions\":\"4\"}}\n{\"logOffset\":5}";
-    let p = dir.path().join("spark-offsets-5");
-    fs::write(&p, sample).unwrap();
-    let parsed = OffsetSeq::read(&p).unwrap();
+    let parsed = OffsetSeq::parse(sample.as_bytes(), "spark-offsets-5").unwrap();
     assert_eq!(parsed.offsets[0].as_ref().unwrap().json()["logOffset"], 5);
-    // Reopening keeps the query id and is not new.
-    let again = Checkpoint::open(dir.path().join("chk")).unwrap();
+    // A second open while the first holds the checkpoint is refused; after release,
+    // reopening keeps the query id and is not new.
+    let err = Checkpoint::open(
+        Location::local(dir.path().join("chk")),
+        "orders",
+        LeaseSettings::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::CheckpointInUse { .. }), "{err}");
+    cp.release().await;
+    let again = open(&dir.path().join("chk")).await;
     assert_eq!(again.query_id(), cp.query_id());
     assert!(!again.is_new());
 }
 
-#[test]
-fn recover_reads_the_right_entries() {
+#[tokio::test]
+async fn recover_reads_the_right_entries() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = Checkpoint::open(dir.path()).unwrap();
-    assert_eq!(cp.recover().unwrap(), StartPoint::Fresh);
+    let cp = open(dir.path()).await;
+    assert_eq!(cp.recover().await.unwrap(), StartPoint::Fresh);
     cp.write_offsets(0, &seq(serde_json::json!({"logOffset": 0})))
+        .await
         .unwrap();
-    match cp.recover().unwrap() {
+    match cp.recover().await.unwrap() {
         StartPoint::Replay {
             batch_id: 0,
             start: None,
@@ -63,10 +84,13 @@ fn recover_reads_the_right_entries() {
         } => {}
         other => panic!("{other:?}"),
     }
-    cp.write_commit(0, &CommitMetadata::default()).unwrap();
-    cp.write_offsets(1, &seq(serde_json::json!({"logOffset": 1})))
+    cp.write_commit(0, &CommitMetadata::default())
+        .await
         .unwrap();
-    match cp.recover().unwrap() {
+    cp.write_offsets(1, &seq(serde_json::json!({"logOffset": 1})))
+        .await
+        .unwrap();
+    match cp.recover().await.unwrap() {
         StartPoint::Replay {
             batch_id: 1,
             start: Some(s),
@@ -77,8 +101,10 @@ fn recover_reads_the_right_entries() {
         }
         other => panic!("{other:?}"),
     }
-    cp.write_commit(1, &CommitMetadata::default()).unwrap();
-    match cp.recover().unwrap() {
+    cp.write_commit(1, &CommitMetadata::default())
+        .await
+        .unwrap();
+    match cp.recover().await.unwrap() {
         StartPoint::Next {
             batch_id: 2,
             previous,
@@ -90,8 +116,8 @@ fn recover_reads_the_right_entries() {
     }
 }
 
-#[test]
-fn corrupt_or_inconsistent_logs_are_errors_naming_the_file() {
+#[tokio::test]
+async fn corrupt_or_inconsistent_logs_are_errors_naming_the_file() {
     type Setup = fn(&Path);
     let cases: &[(&str, Setup, &str)] = &[
         (
@@ -138,7 +164,7 @@ fn corrupt_or_inconsistent_logs_are_errors_naming_the_file() {
     ];
     for (name, setup, want) in cases {
         let dir = tempfile::tempdir().unwrap();
-        let cp = Checkpoint::open(dir.path()).unwrap();
+        let cp = open(dir.path()).await;
         fs::create_dir_all(dir.path().join("offsets")).unwrap();
         fs::create_dir_all(dir.path().join("commits")).unwrap();
         fs::write(dir.path().join("offsets/0"), b"v1\n{}\n{\"logOffset\":0}").unwrap();
@@ -153,19 +179,21 @@ fn corrupt_or_inconsistent_logs_are_errors_naming_the_file() {
             // offsets/1 pending after a committed 0: recovery must read it.
         }
         setup(dir.path());
-        let err = cp.recover().unwrap_err().to_string();
+        let err = cp.recover().await.unwrap_err().to_string();
         assert!(err.contains(want), "{name}: {err}");
     }
 }
 
-#[test]
-fn writing_an_existing_entry_means_another_query_owns_the_checkpoint() {
+#[tokio::test]
+async fn writing_an_existing_entry_means_another_query_owns_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = Checkpoint::open(dir.path()).unwrap();
+    let cp = open(dir.path()).await;
     cp.write_offsets(0, &seq(serde_json::json!({"logOffset": 0})))
+        .await
         .unwrap();
     let err = cp
         .write_offsets(0, &seq(serde_json::json!({"logOffset": 9})))
+        .await
         .unwrap_err();
     assert!(matches!(err, Error::CheckpointInUse { .. }), "{err}");
     assert!(
@@ -179,19 +207,22 @@ fn writing_an_existing_entry_means_another_query_owns_the_checkpoint() {
     );
 }
 
-#[test]
-fn purge_keeps_the_newest_entries() {
+#[tokio::test]
+async fn purge_keeps_the_newest_entries() {
     let dir = tempfile::tempdir().unwrap();
-    let cp = Checkpoint::open(dir.path()).unwrap();
+    let cp = open(dir.path()).await;
     for i in 0..5 {
         cp.write_offsets(i, &seq(serde_json::json!({"logOffset": i})))
+            .await
             .unwrap();
-        cp.write_commit(i, &CommitMetadata::default()).unwrap();
+        cp.write_commit(i, &CommitMetadata::default())
+            .await
+            .unwrap();
     }
-    cp.purge(3).unwrap();
-    assert_eq!(cp.batch_ids().unwrap(), (vec![3, 4], vec![3, 4]));
+    cp.purge(3).await.unwrap();
+    assert_eq!(cp.batch_ids().await.unwrap(), (vec![3, 4], vec![3, 4]));
     assert!(matches!(
-        cp.recover().unwrap(),
+        cp.recover().await.unwrap(),
         StartPoint::Next { batch_id: 5, .. }
     ));
 }

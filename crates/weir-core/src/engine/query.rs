@@ -1,6 +1,7 @@
 //! The handle of a running query.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +28,8 @@ pub(crate) struct Shared {
     pub status: watch::Sender<Status>,
     pub stop: watch::Sender<bool>,
     progress: Mutex<VecDeque<StreamingQueryProgress>>,
+    /// The batch being run (u64::MAX before the first).
+    current: AtomicU64,
 }
 
 impl Shared {
@@ -38,7 +41,19 @@ impl Shared {
             status: watch::channel(Status::Active).0,
             stop: watch::channel(false).0,
             progress: Mutex::new(VecDeque::new()),
+            current: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Records the batch being run, for errors that happen outside it.
+    pub fn set_current_batch(&self, id: u64) {
+        self.current.store(id, Ordering::Relaxed);
+    }
+
+    /// The batch being run, if one started.
+    pub fn current_batch(&self) -> Option<u64> {
+        let v = self.current.load(Ordering::Relaxed);
+        (v != u64::MAX).then_some(v)
     }
 
     pub fn push_progress(&self, p: StreamingQueryProgress) {

@@ -65,6 +65,7 @@ pub(crate) struct QuerySpec {
 /// Runs the query to its end and records how it ended in `shared`.
 pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
     let listeners = spec.listeners.clone();
+    let checkpoint = spec.checkpoint.clone();
     let task_shared = shared.clone();
     let outcome = tokio::spawn(async move {
         Runner {
@@ -77,12 +78,13 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
     .await;
     let result = match outcome {
         Ok(r) => r,
-        Err(join) => Err(Error::BatchPanicked {
+        Err(join) => Err(Error::Panicked {
             query: shared.name.clone(),
-            batch_id: u64::MAX,
-            message: format!("the query task ended abnormally: {join}"),
+            last_batch: shared.current_batch(),
+            message: panic_message(join),
         }),
     };
+    checkpoint.release().await;
     let error = result.as_ref().err().map(|e| crate::sink::error_chain(e));
     if let Some(e) = &error {
         tracing::error!(query = %shared.name, "query terminated with an error: {e}");
@@ -98,6 +100,18 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
         Ok(()) => Status::Stopped,
         Err(e) => Status::Failed(Arc::new(e)),
     });
+}
+
+fn panic_message(join: tokio::task::JoinError) -> String {
+    if join.is_cancelled() {
+        return "the query task was cancelled".into();
+    }
+    let panic = join.into_panic();
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 struct Runner {
@@ -126,6 +140,7 @@ impl Runner {
 
     async fn run(mut self) -> Result<()> {
         let origin = Instant::now();
+        let path_of = |id: u64, cp: &Checkpoint| cp.offsets_name(id);
         let (mut next_id, mut start, mut pending) =
             match std::mem::replace(&mut self.spec.start, StartPoint::Fresh) {
                 StartPoint::Fresh => (0, None, None),
@@ -133,19 +148,31 @@ impl Runner {
                     batch_id,
                     start,
                     batch,
-                } => (
-                    batch_id,
-                    start.and_then(|s| s.offsets.into_iter().next().flatten()),
-                    Some(batch),
-                ),
+                } => {
+                    let start = match start {
+                        Some(s) => {
+                            Some(s.source(0, &path_of(batch_id - 1, &self.spec.checkpoint))?)
+                        }
+                        None => None,
+                    };
+                    (batch_id, start, Some(batch))
+                }
                 StartPoint::Next {
                     batch_id, previous, ..
                 } => (
                     batch_id,
-                    previous.offsets.into_iter().next().flatten(),
+                    Some(previous.source(0, &path_of(batch_id - 1, &self.spec.checkpoint))?),
                     None,
                 ),
             };
+        // The batch before the first one is committed: let the source catch up on what it
+        // does after a commit (a crash may have come between the commit and that).
+        if let Some(s) = &start {
+            self.spec.source.commit(s).await.map_err(self.in_batch(
+                next_id.saturating_sub(1),
+                "telling the source the batch is committed",
+            ))?;
+        }
         if self.spec.trigger == Trigger::AvailableNow {
             self.spec.source.prepare_available_now().await?;
         }
@@ -171,17 +198,7 @@ impl Runner {
             let mut durations = BTreeMap::new();
             let planned = match pending.take() {
                 Some(seq) => {
-                    let end = seq.offsets.first().cloned().flatten().ok_or_else(|| {
-                        Error::CorruptLog {
-                            path: self
-                                .spec
-                                .checkpoint
-                                .dir()
-                                .join("offsets")
-                                .join(next_id.to_string()),
-                            reason: "The offset of source 0 is missing ('-')".into(),
-                        }
-                    })?;
+                    let end = seq.source(0, &self.spec.checkpoint.offsets_name(next_id))?;
                     tracing::info!(query = %self.shared.name, batch = next_id, "running batch {next_id} again with its recorded offsets {end}");
                     Planned {
                         id: next_id,
@@ -194,8 +211,30 @@ impl Runner {
                 None => match self.plan(next_id, start.as_ref(), &mut durations).await? {
                     Some(p) => p,
                     None => {
-                        if matches!(self.spec.trigger, Trigger::AvailableNow | Trigger::Once) {
-                            return Ok(());
+                        match self.spec.trigger {
+                            Trigger::Once => return Ok(()),
+                            Trigger::AvailableNow => {
+                                if self.spec.source.reached_available_now().await? {
+                                    return Ok(());
+                                }
+                                return Err(Error::Batch {
+                                    query: self.shared.name.clone(),
+                                    batch_id: next_id,
+                                    stage: "draining the source (available-now)",
+                                    source: Box::new(Error::from_source(
+                                        self.spec.source.description(),
+                                        format!(
+                                            "the source holds data that was there when the query \
+                                             started, but offered no new offset after {}: the query \
+                                             stops with an error rather than end with data unread",
+                                            start
+                                                .as_ref()
+                                                .map_or("the start".to_string(), |s| s.to_string())
+                                        ),
+                                    )),
+                                });
+                            }
+                            _ => {}
                         }
                         if !idle_reported {
                             idle_reported = true;
@@ -264,10 +303,14 @@ impl Runner {
         start: Option<&SourceOffset>,
         durations: &mut BTreeMap<String, u64>,
     ) -> Result<Option<Planned>> {
-        let limit = if self.spec.trigger == Trigger::Once {
-            ReadLimit::ALL
-        } else {
-            self.spec.limit
+        let limit = match self.spec.trigger {
+            Trigger::Once => ReadLimit::ALL,
+            // Drain what is there, in batches of the max limits; never wait for more.
+            Trigger::AvailableNow => ReadLimit {
+                min_rows: None,
+                ..self.spec.limit
+            },
+            _ => self.spec.limit,
         };
         let t = Instant::now();
         let latest = self
@@ -290,7 +333,8 @@ impl Runner {
             metadata: metadata.clone(),
             offsets: vec![Some(end.clone())],
         };
-        self.spec.checkpoint.write_offsets(id, &seq)?;
+        self.shared.set_current_batch(id);
+        self.spec.checkpoint.write_offsets(id, &seq).await?;
         durations.insert("walCommit".into(), t.elapsed().as_millis() as u64);
         fault::hit("after-offsets-write", id)?;
         Ok(Some(Planned {
@@ -310,6 +354,7 @@ impl Runner {
         durations: &mut BTreeMap<String, u64>,
     ) -> Result<(u64, Arc<SinkMetrics>)> {
         let id = p.id;
+        self.shared.set_current_batch(id);
         let ctx = &self.spec.ctx;
         let t = Instant::now();
         let df = self
@@ -333,17 +378,19 @@ impl Runner {
         let t = Instant::now();
         fault::hit("before-user-fn", id)?;
         let metrics = Arc::new(SinkMetrics::default());
-        let bctx = BatchContext {
-            query_id: self.shared.id,
-            run_id: self.shared.run_id,
-            query_name: self.shared.name.clone(),
-            batch_id: id,
-            batch_timestamp_ms: p.metadata.batch_timestamp_ms,
-            session: ctx.clone(),
-            is_replay: p.replay,
-            checkpoint_is_new: self.spec.checkpoint.is_new(),
-            metrics: metrics.clone(),
-        };
+        let app_name = self
+            .spec
+            .checkpoint
+            .created_name()
+            .unwrap_or(&self.shared.name)
+            .to_string();
+        let mut bctx = BatchContext::new(self.shared.id, self.shared.name.clone(), id)
+            .with_run(self.shared.run_id, p.metadata.batch_timestamp_ms)
+            .with_session(ctx.clone())
+            .replay(p.replay)
+            .new_checkpoint(self.spec.checkpoint.is_new())
+            .with_app_name(app_name);
+        bctx.metrics = metrics.clone();
         let outcome = AssertUnwindSafe(self.spec.sink.call(df, bctx))
             .catch_unwind()
             .await;
@@ -376,7 +423,8 @@ impl Runner {
         fault::hit("before-commit-write", id)?;
         self.spec
             .checkpoint
-            .write_commit(id, &CommitMetadata::default())?;
+            .write_commit(id, &CommitMetadata::default())
+            .await?;
         fault::hit("after-commit-write", id)?;
         self.spec
             .source
@@ -384,7 +432,7 @@ impl Runner {
             .await
             .map_err(self.in_batch(id, "telling the source the batch is committed"))?;
         if let Some(keep_from) = (id + 1).checked_sub(self.spec.retain) {
-            self.spec.checkpoint.purge(keep_from)?;
+            self.spec.checkpoint.purge(keep_from).await?;
         }
         durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
         Ok((rows, metrics))
@@ -459,7 +507,7 @@ impl Runner {
             sink: SinkProgress {
                 description: "ForeachBatchSink".into(),
                 num_output_rows: metrics.output_rows(),
-                metrics: metrics.notes().into_iter().collect(),
+                metrics: metrics.entries().into_iter().collect(),
             },
         };
         tracing::debug!(query = %self.shared.name, "progress: {}", progress.json());

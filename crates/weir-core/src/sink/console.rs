@@ -38,3 +38,53 @@ impl ForeachBatch for ConsoleSink {
         Ok(())
     }
 }
+
+/// `[[sink]] type = "console"`: prints each batch (no idempotency; a demo sink).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ConsoleConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_rows: Option<usize>,
+}
+
+impl crate::connector::SinkSpec for ConsoleConfig {
+    fn kind(&self) -> &'static str {
+        "console"
+    }
+
+    fn label(&self, _env: &crate::connector::BuildEnv) -> String {
+        "console".into()
+    }
+
+    fn build(
+        &self,
+        _env: &crate::connector::BuildEnv,
+    ) -> crate::Result<std::sync::Arc<dyn ForeachBatch>> {
+        Ok(std::sync::Arc::new(ConsoleSink::new(
+            self.num_rows.unwrap_or(20),
+        )))
+    }
+
+    fn fault_points(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
+    fn shape(&self) -> crate::connector::SinkShape {
+        crate::connector::SinkShape::Unchecked
+    }
+
+    fn app_id(&self, _query: &crate::connector::QueryIdentity) -> Option<String> {
+        None
+    }
+
+    fn relocate(&mut self, _to: &crate::connector::Relocation) -> crate::Result<()> {
+        Ok(())
+    }
+
+    fn verifier(
+        &self,
+        _env: &crate::connector::BuildEnv,
+    ) -> crate::Result<Option<Box<dyn crate::connector::SinkVerifier>>> {
+        Ok(None)
+    }
+}

@@ -9,8 +9,9 @@
 
 mod console;
 mod context;
-mod dedupe;
 mod parquet;
+mod parquet_config;
+pub mod upsert;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,10 +21,11 @@ use datafusion::prelude::DataFrame;
 
 use crate::error::{BoxError, Error};
 
-pub use console::ConsoleSink;
-pub use context::{BatchContext, SinkMetrics};
-pub use dedupe::dedupe_latest;
-pub use parquet::ParquetSink;
+pub use console::{ConsoleConfig, ConsoleSink};
+pub use context::{BatchContext, CACHE_DURATION_KEY, SinkMetric, SinkMetrics};
+pub use parquet::{PARQUET_POINTS, ParquetSink};
+pub use parquet_config::{ParquetConfig, ParquetReader};
+pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
 
 /// The user's function: called once per attempt of a batch, on one task, batches in order.
 ///
@@ -59,9 +61,13 @@ pub struct FanOut {
 }
 
 impl FanOut {
-    /// `sinks` are (name for errors, sink), called in this order.
-    pub fn new(sinks: Vec<(String, Arc<dyn ForeachBatch>)>) -> Self {
-        FanOut { sinks }
+    /// `sinks` are (name for errors and progress, sink), called in this order.
+    pub fn new(
+        sinks: impl IntoIterator<Item = (impl Into<String>, Arc<dyn ForeachBatch>)>,
+    ) -> Self {
+        FanOut {
+            sinks: sinks.into_iter().map(|(n, s)| (n.into(), s)).collect(),
+        }
     }
 }
 
@@ -75,7 +81,7 @@ impl ForeachBatch for FanOut {
             })?;
             // Runs the transform: its time, apart from the sinks'.
             ctx.metrics.note(
-                "cache.durationMs".into(),
+                CACHE_DURATION_KEY.into(),
                 started.elapsed().as_millis().to_string(),
             );
             cached
@@ -84,18 +90,18 @@ impl ForeachBatch for FanOut {
         };
         for (name, sink) in &self.sinks {
             let started = std::time::Instant::now();
-            sink.call(batch.clone(), ctx.clone()).await.map_err(|e| {
-                Box::new(Error::Sink {
-                    sink: name.clone(),
-                    batch_id: ctx.batch_id,
-                    reason: error_chain(e.as_ref()),
-                }) as BoxError
-            })?;
+            sink.call(batch.clone(), ctx.clone())
+                .await
+                .map_err(|source| {
+                    Box::new(Error::Sink {
+                        sink: name.clone(),
+                        batch_id: ctx.batch_id,
+                        source,
+                    }) as BoxError
+                })?;
             // Where addBatch went, per sink, in the progress report.
-            ctx.metrics.note(
-                format!("{name}.durationMs"),
-                started.elapsed().as_millis().to_string(),
-            );
+            ctx.metrics
+                .record(name, SinkMetric::DurationMs, started.elapsed().as_millis());
         }
         Ok(())
     }

@@ -50,10 +50,7 @@ impl MemorySource {
     }
 
     fn err(&self, reason: impl Into<String>) -> Error {
-        Error::Source {
-            source_name: "MemoryStream".into(),
-            reason: reason.into(),
-        }
+        Error::from_source("MemoryStream", reason.into())
     }
 
     fn count(&self, o: Option<&SourceOffset>) -> Result<usize> {

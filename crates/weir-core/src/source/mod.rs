@@ -5,22 +5,25 @@
 //! range, so a source must return the same rows for the same range, today and after a
 //! crash. Kafka and files can; a socket cannot, and is not a source here.
 
+pub mod decode;
 pub mod file;
 pub mod memory;
 pub mod rate;
 
 use std::fmt;
-use std::path::PathBuf;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::prelude::{DataFrame, SessionContext};
 
 use crate::error::Result;
+use crate::storage::Location;
 
-pub use file::{FileFormat, FileSource};
+pub use decode::BadRecordMode;
+pub use file::{CleanSource, FileFormat, FileSource, FileSourceOptions};
 pub use memory::MemorySource;
-pub use rate::RateSource;
+pub use rate::{RateConfig, RateSource};
 
 /// A position in a source, opaque to the engine and stored as JSON in the offset log
 /// (Kafka: `{"orders":{"0":123}}`, files: `{"logOffset":4}`).
@@ -45,14 +48,18 @@ impl fmt::Display for SourceOffset {
     }
 }
 
-/// How much one batch may take: Spark's `maxFilesPerTrigger` and `maxOffsetsPerTrigger`.
-/// A source applies the limit it understands and ignores the other; `None` is no limit.
+/// How much one batch may take: Spark's `maxFilesPerTrigger`, `maxOffsetsPerTrigger` and
+/// `minOffsetsPerTrigger` with `maxTriggerDelay`. A source applies the limits it
+/// understands and ignores the others; `None` is no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReadLimit {
     /// At most this many files per batch (file sources). At least one is always taken.
     pub max_files: Option<usize>,
     /// At most this many rows or records per batch (rate, memory and Kafka sources).
     pub max_rows: Option<u64>,
+    /// Wait for at least this many new rows or records, but no longer than the delay
+    /// since the last batch (Kafka's `minOffsetsPerTrigger` and `maxTriggerDelay`).
+    pub min_rows: Option<(u64, Duration)>,
 }
 
 impl ReadLimit {
@@ -60,14 +67,16 @@ impl ReadLimit {
     pub const ALL: ReadLimit = ReadLimit {
         max_files: None,
         max_rows: None,
+        min_rows: None,
     };
 }
 
 /// What the engine gives a source once, before the first batch.
 #[derive(Debug, Clone)]
 pub struct SourceInit {
-    /// `<checkpoint>/sources/<i>`: the source's own log folder, if it needs one.
-    pub log_dir: PathBuf,
+    /// `<checkpoint>/sources/<i>`: the source's own log folder, for sources that keep one
+    /// (write entries with [`Location::put_new`]: an existing entry means another query).
+    pub log: Location,
     /// How many batches of the source's own log to keep (the query's retention).
     pub retain_batches: u64,
 }
@@ -95,6 +104,14 @@ pub trait Source: Send + Sync {
     /// that the query stops after reaching it even while more arrives.
     async fn prepare_available_now(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// For `Trigger::AvailableNow`: true when everything fixed by `prepare_available_now`
+    /// has been handed out by `latest_offset`. The engine asks when `latest_offset` returned
+    /// nothing new; `false` then is an error (the query would end with data unread), never
+    /// a quiet stop.
+    async fn reached_available_now(&self) -> Result<bool> {
+        Ok(true)
     }
 
     /// The newest offset available now, at most `limit` beyond `start` (`None`: from

@@ -68,10 +68,7 @@ impl RateSource {
     }
 
     fn err(&self, reason: impl Into<String>) -> Error {
-        Error::Source {
-            source_name: self.description(),
-            reason: reason.into(),
-        }
+        Error::from_source(self.description(), reason.into())
     }
 
     fn parse(&self, o: &SourceOffset) -> Result<(i64, u64)> {
@@ -172,5 +169,50 @@ impl Source for RateSource {
         .map_err(|e| self.err(format!("building rows {from}..{to}: {e}")))?;
         ctx.read_batch(batch)
             .map_err(|e| Error::datafusion(self.description(), e))
+    }
+}
+
+/// `[source] type = "rate"`: generated rows for load tests.
+///
+/// ```toml
+/// [source]
+/// type = "rate"
+/// rows-per-second = 1000
+/// max-offsets-per-trigger = 100
+/// ```
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RateConfig {
+    pub rows_per_second: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_offsets_per_trigger: Option<u64>,
+}
+
+#[async_trait]
+impl crate::connector::SourceSpec for RateConfig {
+    fn kind(&self) -> &'static str {
+        "rate"
+    }
+
+    fn check(&self, _env: &crate::connector::BuildEnv) -> Result<()> {
+        RateSource::new(self.rows_per_second).map(|_| ())
+    }
+
+    async fn build(&self, _env: &crate::connector::BuildEnv) -> Result<Arc<dyn Source>> {
+        Ok(Arc::new(RateSource::new(self.rows_per_second)?))
+    }
+
+    fn read_limit(&self) -> Result<ReadLimit> {
+        Ok(ReadLimit {
+            max_rows: self.max_offsets_per_trigger,
+            ..ReadLimit::ALL
+        })
+    }
+
+    fn relocate(&mut self, _feed: &crate::connector::Feed, _batch_rows: u64) -> Result<()> {
+        Err(Error::config(
+            "source.type",
+            "the rate source generates its rows; it cannot read a feed",
+        ))
     }
 }

@@ -54,6 +54,7 @@ async fn a_failed_batch_is_not_committed_and_runs_again_with_the_same_id_and_row
         .source(src.clone())
         .max_offsets_per_trigger(1)
         .load()
+        .await
         .unwrap()
         .write_stream()
         .query_name("replay")
@@ -78,6 +79,7 @@ async fn a_failed_batch_is_not_committed_and_runs_again_with_the_same_id_and_row
         .source(src)
         .max_offsets_per_trigger(1)
         .load()
+        .await
         .unwrap()
         .write_stream()
         .query_name("replay")
@@ -118,6 +120,7 @@ async fn a_panic_in_the_function_stops_the_query_naming_the_batch() {
         .read_stream()
         .source(Arc::new(source_with(&[(0, 2)])))
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())
@@ -146,6 +149,7 @@ async fn continuous_trigger_is_refused_with_sparks_words() {
         .read_stream()
         .source(Arc::new(source_with(&[])))
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())
@@ -170,6 +174,7 @@ async fn a_second_query_on_the_same_checkpoint_is_refused() {
         .read_stream()
         .source(Arc::new(source_with(&[(0, 2)])))
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())
@@ -185,25 +190,31 @@ async fn a_second_query_on_the_same_checkpoint_is_refused() {
         .await
         .unwrap();
     entered.notified().await;
-    // B sees batch 0 uncommitted, runs and commits it while A is still inside it.
-    let b = WeirSession::new()
+    // B finds the checkpoint held by A and is refused before it reads anything.
+    let err = WeirSession::new()
         .read_stream()
         .source(Arc::new(source_with(&[(0, 2)])))
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())
         .trigger(Trigger::AvailableNow)
-        .foreach_batch(|_b: DataFrame, _c: BatchContext| async { Ok::<(), BoxError>(()) })
+        .foreach_batch(|_b, _c| async { Ok(()) })
         .start()
         .await
-        .unwrap();
-    b.await_termination().await.unwrap();
-    gate.notify_one();
-    let chain = weir_core::sink::error_chain(&a.await_termination().await.unwrap_err());
+        .unwrap_err();
+    let chain = weir_core::sink::error_chain(&err);
     assert!(
-        chain.contains("another query is using the checkpoint") && chain.contains("commits/0"),
+        chain.contains("another query is using the checkpoint") && chain.contains(".lock"),
         "{chain}"
+    );
+    assert!(!dir.path().join("commits/0").exists());
+    gate.notify_one();
+    a.stop().await.unwrap();
+    assert!(
+        dir.path().join("commits/0").exists(),
+        "A finished its batch"
     );
 }
 
@@ -229,6 +240,7 @@ async fn processing_time_batches_start_on_interval_ticks_and_slow_batches_raise_
         .source(src)
         .max_offsets_per_trigger(1)
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())
@@ -269,6 +281,7 @@ async fn available_now_stops_after_the_data_present_at_start() {
         .source(src)
         .max_offsets_per_trigger(1)
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())
@@ -299,6 +312,7 @@ async fn sql_transform_sees_the_batch_view_and_progress_counts_input_rows() {
         .read_stream()
         .source(Arc::new(source_with(&[(0, 10)])))
         .load()
+        .await
         .unwrap()
         .sql("SELECT id * 2 AS id, name FROM batch WHERE id % 2 = 0")
         .write_stream()
@@ -326,6 +340,7 @@ async fn a_missing_checkpoint_or_function_is_a_setting_error() {
         .read_stream()
         .source(Arc::new(source_with(&[])))
         .load()
+        .await
         .unwrap()
         .write_stream()
         .foreach_batch(|_b: DataFrame, _c: BatchContext| async { Ok::<(), BoxError>(()) })

@@ -1,33 +1,49 @@
-//! The file source: a folder of JSON-lines, CSV or Parquet files.
+//! The file source: a folder of JSON-lines, CSV or Parquet files, local or on an object
+//! store.
 //!
 //! New files are taken in order of modification time, then name (newest first with
-//! `latest_first`), at most `max_files_per_trigger` a batch. The files each batch takes are
-//! written to the source's own log, `<checkpoint>/sources/<i>/<logOffset>`, before the
-//! offset `{"logOffset":N}` is handed to the engine, so a replay reads exactly the same
-//! files even if more arrived or some were listed in another order. Every 10th log entry is
-//! written as `<N>.compact` holding every entry so far, as Spark does, and older entries
-//! are then deleted once the query's retention allows.
+//! `latest_first`), at most `max_files_per_trigger` a batch. The files each batch takes,
+//! with their size (and ETag on object stores), are written to the source's own log,
+//! `<checkpoint>/sources/<i>/<logOffset>`, before the offset `{"logOffset":N}` is handed to
+//! the engine, so a replay reads exactly the same files even if more arrived. Every read
+//! checks each file against what was recorded: a file that changed or vanished stops the
+//! query with an error naming it and the batch, instead of reading other data.
 //!
+//! Names are taken literally (`a[1].json`, spaces, `%`, unicode): no glob patterns.
 //! Files whose names start with `.` or `_` are skipped (writers put temp files there).
+//!
+//! Per batch the work does not grow with history: a listing is kept as a queue of files
+//! not yet taken and the folder is listed again only when the queue is empty; only new
+//! names are looked at (`stat`/`HEAD`). What the source remembers, the files already
+//! taken, is bounded by `max_file_age` (files older than that, relative to the newest file
+//! seen, are forgotten and ignored, as Spark's `maxFileAge`) and by `clean_source` (files of
+//! committed batches are deleted or archived, then forgotten, as Spark's `cleanSource`).
+//! Without either it grows by one entry per file taken.
+//!
+//! Every 10th log entry is written as `<N>.compact` holding the entries still needed: the
+//! remembered files and the batches within retention.
 
-use std::collections::{BTreeMap, HashSet};
-use std::fs;
-use std::path::{Path, PathBuf};
+mod config;
+mod log;
+mod read;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::{Schema, SchemaRef};
-use datafusion::prelude::{
-    CsvReadOptions, DataFrame, JsonReadOptions, ParquetReadOptions, SessionContext,
-};
-use serde::{Deserialize, Serialize};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::prelude::{DataFrame, SessionContext};
+use futures::{StreamExt, TryStreamExt};
 
+use super::decode::{BadRecordMode, output_schema};
 use super::{ReadLimit, Source, SourceInit, SourceOffset};
-use crate::checkpoint::file::{self as durable, WriteOutcome};
 use crate::error::{Error, Result};
-
-const COMPACT_INTERVAL: u64 = 10;
+use crate::storage::{FileMeta, Location, blocking, is_hidden};
+pub use config::{CleanName, FilesConfig, FormatName};
+pub use log::FileEntry;
+use log::{COMPACT_INTERVAL, entry_name};
 
 /// The format of the files in the folder.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,42 +64,71 @@ impl FileFormat {
     };
 }
 
+/// What happens to the files of a committed batch (Spark's `cleanSource`).
+#[derive(Debug, Clone, Default)]
+pub enum CleanSource {
+    /// Leave them (default).
+    #[default]
+    Off,
+    /// Delete them once their batch is committed.
+    Delete,
+    /// Move them into this folder once their batch is committed.
+    Archive(Location),
+}
+
 /// Settings of a [`FileSource`]; Spark's option names in brackets.
 #[derive(Debug, Clone)]
 pub struct FileSourceOptions {
     /// The folder to watch (`path`).
-    pub path: PathBuf,
+    pub path: Location,
     pub format: FileFormat,
     /// The schema; required for JSON and CSV, read from the first file for Parquet.
     pub schema: Option<SchemaRef>,
     /// Newest files first (`latestFirst`), for catching up on the recent past first.
     pub latest_first: bool,
-    /// Files older than this relative to the newest file seen are ignored (`maxFileAge`).
+    /// Files older than this relative to the newest file seen are ignored and forgotten
+    /// (`maxFileAge`).
     pub max_file_age: Option<Duration>,
+    /// What a malformed line does (`mode`; JSON and CSV only).
+    pub mode: BadRecordMode,
+    /// What happens to files once their batch is committed (`cleanSource`).
+    pub clean_source: CleanSource,
 }
 
-/// One file taken by a batch: a line of `sources/<i>/N`, in Spark's shape.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FileEntry {
-    /// `file:///abs/path`.
-    pub path: String,
-    /// Modification time in ms since the epoch.
-    pub timestamp: i64,
-    /// The log offset (batch) that took the file.
-    pub batch_id: u64,
+impl FileSourceOptions {
+    /// JSON files in `path`, everything else at its default.
+    pub fn new(path: Location, format: FileFormat) -> Self {
+        FileSourceOptions {
+            path,
+            format,
+            schema: None,
+            latest_first: false,
+            max_file_age: None,
+            mode: BadRecordMode::FailFast,
+            clean_source: CleanSource::Off,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct State {
-    log_dir: Option<PathBuf>,
+    log: Option<Location>,
     retain: u64,
-    /// Entries by log offset.
+    /// Entries of the batches still needed for reading (replay) and compaction.
     entries: BTreeMap<u64, Vec<FileEntry>>,
-    seen: HashSet<String>,
+    /// Files taken and not yet forgotten, by name.
+    seen: HashMap<String, FileEntry>,
     newest_timestamp: i64,
-    /// For AvailableNow: the files present when the query started.
+    /// Listed, not yet taken, in the order to take them.
+    queue: VecDeque<FileMeta>,
+    /// For AvailableNow: the names present when the query started, not yet taken.
     available_now: Option<HashSet<String>>,
+    /// Rows that failed to parse in the last read (PERMISSIVE / DROPMALFORMED).
+    malformed: u64,
+    /// Committed batches whose files are cleaned (clean_source) up to here.
+    cleaned_through: Option<u64>,
+    /// Log entries below this are deleted (`None`: not known yet in this run).
+    log_purged_below: Option<u64>,
 }
 
 /// A folder of files as a replayable source. See the module docs.
@@ -96,26 +141,56 @@ pub struct FileSource {
 
 impl FileSource {
     /// Checks the options; for Parquet without a schema reads it from the oldest file.
-    pub fn new(opts: FileSourceOptions) -> Result<Self> {
-        let schema = match (&opts.schema, &opts.format) {
+    pub async fn new(opts: FileSourceOptions) -> Result<Self> {
+        let base = match (&opts.schema, &opts.format) {
             (Some(s), _) => s.clone(),
-            (None, FileFormat::Parquet) => parquet_schema(&opts.path)?,
+            (None, FileFormat::Parquet) => Self::parquet_schema(&opts.path).await?,
             (None, _) => {
                 return Err(Error::config(
                     "schema",
                     format!(
                         "the file source on {} needs a schema for {:?} files; give one with .schema(..)",
-                        opts.path.display(),
-                        opts.format
+                        opts.path, opts.format
                     ),
                 ));
             }
         };
+        if opts.mode != BadRecordMode::FailFast && opts.format == FileFormat::Parquet {
+            return Err(Error::config(
+                "mode",
+                "PERMISSIVE and DROPMALFORMED apply to JSON and CSV lines, not to Parquet files",
+            ));
+        }
+        let schema = output_schema(&base, opts.mode);
         Ok(FileSource {
-            opts,
+            opts: FileSourceOptions {
+                schema: Some(base),
+                ..opts
+            },
             schema,
             state: Mutex::new(State::default()),
         })
+    }
+
+    async fn parquet_schema(dir: &Location) -> Result<SchemaRef> {
+        let mut files: Vec<FileMeta> = dir
+            .list()
+            .await?
+            .into_iter()
+            .filter(|f| !is_hidden(&f.name) && f.size > 0)
+            .collect();
+        files.sort_by(|a, b| (a.modified_ms, &a.name).cmp(&(b.modified_ms, &b.name)));
+        let Some(first) = files.first() else {
+            return Err(Error::config(
+                "schema",
+                format!(
+                    "{dir} has no Parquet file to read the schema from yet; give the schema explicitly"
+                ),
+            ));
+        };
+        let shown = dir.describe(&first.name);
+        let bytes = dir.get(&first.name).await?.unwrap_or_default();
+        blocking(move || read::parquet_schema(bytes, &shown)).await
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>> {
@@ -125,10 +200,7 @@ impl FileSource {
     }
 
     fn err(&self, reason: impl Into<String>) -> Error {
-        Error::Source {
-            source_name: self.description(),
-            reason: reason.into(),
-        }
+        Error::from_source(self.description(), reason.into())
     }
 
     fn log_offset(&self, o: &SourceOffset) -> Result<u64> {
@@ -142,57 +214,137 @@ impl FileSource {
             })
     }
 
-    /// The files in the folder now, with their modification times, in the order to take them.
-    fn list(&self) -> Result<Vec<(String, i64, PathBuf)>> {
-        let dir = &self.opts.path;
-        let entries = match fs::read_dir(dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io("listing input folder", dir, e)),
-        };
-        let mut files = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("listing input folder", dir, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if durable::is_hidden(&name) {
-                continue;
-            }
-            let meta = match entry.metadata() {
-                Ok(m) if m.is_file() => m,
-                Ok(_) => continue,
-                // Deleted between listing and stat: not ours to take.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(Error::io("reading metadata of", entry.path(), e)),
-            };
-            let mtime = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_millis() as i64);
-            let path = fs::canonicalize(entry.path())
-                .map_err(|e| Error::io("resolving", entry.path(), e))?;
-            files.push((file_uri(&path), mtime, path));
-        }
-        files.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
-        if self.opts.latest_first {
-            files.reverse();
-        }
-        Ok(files)
+    /// The oldest modification time still taken, given the newest seen.
+    fn oldest_allowed(&self, newest: i64) -> i64 {
+        self.opts
+            .max_file_age
+            .map_or(i64::MIN, |age| newest - age.as_millis() as i64)
     }
 
-    fn entry_path(log_dir: &Path, id: u64) -> PathBuf {
-        if (id + 1).is_multiple_of(COMPACT_INTERVAL) {
-            log_dir.join(format!("{id}.compact"))
-        } else {
-            log_dir.join(id.to_string())
+    fn entry_for(&self, f: &FileMeta, batch_id: u64) -> FileEntry {
+        FileEntry {
+            path: self.opts.path.file_url_encoded(&f.name),
+            timestamp: f.modified_ms,
+            batch_id,
+            size: Some(f.size),
+            etag: f.e_tag.clone(),
         }
+    }
+
+    /// Lists the folder again and queues the files not taken yet, in the order to take them.
+    async fn refill(&self) -> Result<()> {
+        let dir = &self.opts.path;
+        let (known, newest) = {
+            let st = self.lock()?;
+            let mut known: HashSet<String> = st.seen.keys().cloned().collect();
+            known.extend(st.queue.iter().map(|f| f.name.clone()));
+            (known, st.newest_timestamp)
+        };
+        // Locally a listing gives names only: stat just the new ones.
+        let metas: Vec<FileMeta> = if dir.is_local() {
+            let names: Vec<String> = dir
+                .list_names()
+                .await?
+                .into_iter()
+                .filter(|n| !is_hidden(n) && !known.contains(n))
+                .collect();
+            let mut out = Vec::with_capacity(names.len());
+            for n in names {
+                if let Some(m) = dir.head(&n).await? {
+                    out.push(m);
+                }
+            }
+            out
+        } else {
+            dir.list()
+                .await?
+                .into_iter()
+                .filter(|f| !is_hidden(&f.name) && !known.contains(&f.name))
+                .collect()
+        };
+        let newest = metas
+            .iter()
+            .map(|m| m.modified_ms)
+            .max()
+            .unwrap_or(i64::MIN)
+            .max(newest);
+        let oldest = self.oldest_allowed(newest);
+        let mut fresh: Vec<FileMeta> = metas
+            .into_iter()
+            .filter(|m| m.modified_ms >= oldest)
+            .collect();
+        fresh.sort_by(|a, b| (a.modified_ms, &a.name).cmp(&(b.modified_ms, &b.name)));
+        if self.opts.latest_first {
+            fresh.reverse();
+        }
+        let mut st = self.lock()?;
+        st.queue.extend(fresh);
+        Ok(())
+    }
+
+    /// Writes the log entry of `id` taking `take`, compacting every 10th.
+    async fn record(&self, log: &Location, id: u64, take: &[FileEntry]) -> Result<()> {
+        let compact = entry_name(id).ends_with(".compact");
+        let lines: Vec<FileEntry> = if compact {
+            let st = self.lock()?;
+            let floor = (id + 1).saturating_sub(st.retain);
+            let mut keep: BTreeMap<(u64, String), FileEntry> = BTreeMap::new();
+            for e in st.seen.values() {
+                keep.insert((e.batch_id, e.path.clone()), e.clone());
+            }
+            for (bid, es) in st.entries.range(floor..) {
+                for e in es {
+                    keep.insert((*bid, e.path.clone()), e.clone());
+                }
+            }
+            keep.into_values().chain(take.iter().cloned()).collect()
+        } else {
+            take.to_vec()
+        };
+        let refs: Vec<&FileEntry> = lines.iter().collect();
+        log::write(log, id, &refs).await
+    }
+
+    /// Deletes or archives the files of committed batches up to `end_id`, then forgets them.
+    async fn clean(&self, end_id: u64) -> Result<()> {
+        let archive = match &self.opts.clean_source {
+            CleanSource::Off => return Ok(()),
+            CleanSource::Delete => None,
+            CleanSource::Archive(to) => Some(to.clone()),
+        };
+        let doomed: Vec<String> = {
+            let st = self.lock()?;
+            if st.cleaned_through.is_some_and(|c| c >= end_id) {
+                return Ok(());
+            }
+            st.seen
+                .values()
+                .filter(|e| e.batch_id <= end_id)
+                .map(FileEntry::name)
+                .collect()
+        };
+        let dir = &self.opts.path;
+        for name in &doomed {
+            if let Some(to) = &archive
+                && let Some(bytes) = dir.get(name).await?
+            {
+                to.put(name, bytes).await?;
+            }
+        }
+        dir.delete_many(doomed.clone()).await?;
+        let mut st = self.lock()?;
+        for n in &doomed {
+            st.seen.remove(n);
+        }
+        st.cleaned_through = Some(end_id);
+        Ok(())
     }
 }
 
 #[async_trait]
 impl Source for FileSource {
     fn description(&self) -> String {
-        format!("FileStreamSource[{}]", file_uri(&self.opts.path))
+        format!("FileStreamSource[{}]", self.opts.path.url_string())
     }
 
     fn schema(&self) -> SchemaRef {
@@ -200,25 +352,67 @@ impl Source for FileSource {
     }
 
     async fn open(&self, init: &SourceInit) -> Result<()> {
-        let entries = read_log(&init.log_dir)?;
-        let mut st = self.lock()?;
-        st.seen = entries.values().flatten().map(|e| e.path.clone()).collect();
-        st.newest_timestamp = entries
+        let entries = log::read(&init.log).await?;
+        let newest = entries
             .values()
             .flatten()
             .map(|e| e.timestamp)
             .max()
             .unwrap_or(0);
+        let oldest = self.oldest_allowed(newest);
+        let mut st = self.lock()?;
+        st.seen = entries
+            .values()
+            .flatten()
+            .filter(|e| e.timestamp >= oldest)
+            .map(|e| (e.name(), e.clone()))
+            .collect();
+        st.newest_timestamp = newest;
         st.entries = entries;
-        st.log_dir = Some(init.log_dir.clone());
+        st.log = Some(init.log.clone());
         st.retain = init.retain_batches.max(2);
+        st.queue.clear();
         Ok(())
     }
 
     async fn prepare_available_now(&self) -> Result<()> {
-        let files = self.list()?;
-        self.lock()?.available_now = Some(files.into_iter().map(|f| f.0).collect());
+        let names: HashSet<String> = self
+            .opts
+            .path
+            .list_names()
+            .await?
+            .into_iter()
+            .filter(|n| !is_hidden(n))
+            .collect();
+        let mut st = self.lock()?;
+        let names = names
+            .into_iter()
+            .filter(|n| !st.seen.contains_key(n))
+            .collect();
+        st.available_now = Some(names);
         Ok(())
+    }
+
+    async fn reached_available_now(&self) -> Result<bool> {
+        // Files present at start that vanished or fell out of max_file_age are not data to
+        // read: only those still in the folder and still allowed count.
+        let left: Vec<String> = {
+            let st = self.lock()?;
+            match &st.available_now {
+                Some(a) => a.iter().cloned().collect(),
+                None => return Ok(true),
+            }
+        };
+        let newest = self.lock()?.newest_timestamp;
+        let oldest = self.oldest_allowed(newest);
+        for n in left {
+            if let Some(m) = self.opts.path.head(&n).await?
+                && m.modified_ms >= oldest
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     async fn latest_offset(
@@ -228,65 +422,54 @@ impl Source for FileSource {
     ) -> Result<Option<SourceOffset>> {
         let start_id = start.map(|s| self.log_offset(s)).transpose()?;
         let next_id = start_id.map_or(0, |s| s + 1);
-        {
+        let log = {
             let st = self.lock()?;
             // An attempt that crashed after writing its file list but before offsets/N:
             // hand out exactly that entry again.
             if st.entries.contains_key(&next_id) {
                 return Ok(Some(log_offset(next_id)));
             }
-        }
-        let listed = self.list()?;
-        let mut st = self.lock()?;
-        let Some(log_dir) = st.log_dir.clone() else {
-            return Err(self.err("latest_offset called before open"));
+            st.log
+                .clone()
+                .ok_or_else(|| self.err("latest_offset called before open"))?
         };
-        let newest = listed
-            .iter()
-            .map(|f| f.1)
-            .max()
-            .unwrap_or(0)
-            .max(st.newest_timestamp);
-        let oldest_allowed = self
-            .opts
-            .max_file_age
-            .map_or(i64::MIN, |age| newest - age.as_millis() as i64);
-        let mut take: Vec<FileEntry> = listed
-            .into_iter()
-            .filter(|(uri, mtime, _)| {
-                !st.seen.contains(uri)
-                    && *mtime >= oldest_allowed
-                    && st.available_now.as_ref().is_none_or(|a| a.contains(uri))
-            })
-            .map(|(path, timestamp, _)| FileEntry {
-                path,
-                timestamp,
-                batch_id: next_id,
-            })
-            .collect();
-        if let Some(max) = limit.max_files {
-            take.truncate(max.max(1));
+        if self.lock()?.queue.is_empty() {
+            self.refill().await?;
+        }
+        let max = limit.max_files.unwrap_or(usize::MAX).max(1);
+        let mut take: Vec<FileEntry> = Vec::new();
+        while take.len() < max {
+            let candidate = {
+                let mut st = self.lock()?;
+                let Some(f) = st.queue.pop_front() else { break };
+                if st.seen.contains_key(&f.name)
+                    || st
+                        .available_now
+                        .as_ref()
+                        .is_some_and(|a| !a.contains(&f.name))
+                {
+                    continue;
+                }
+                f
+            };
+            // Look again now: the size and time recorded are what the read will check.
+            let Some(now) = self.opts.path.head(&candidate.name).await? else {
+                continue;
+            };
+            take.push(self.entry_for(&now, next_id));
         }
         if take.is_empty() {
             return Ok(start.cloned());
         }
-        let path = Self::entry_path(&log_dir, next_id);
-        let mut lines: Vec<&FileEntry> = Vec::new();
-        if path.extension().is_some_and(|e| e == "compact") {
-            lines.extend(st.entries.values().flatten());
-        }
-        lines.extend(take.iter());
-        let mut body = String::from("v1");
-        for e in lines {
-            body.push('\n');
-            body.push_str(&serde_json::to_string(e).map_err(|e| self.err(e.to_string()))?);
-        }
-        if durable::write_new(&path, body.as_bytes())? == WriteOutcome::AlreadyExists {
-            return Err(Error::CheckpointInUse { dir: log_dir, path });
-        }
+        self.record(&log, next_id, &take).await?;
+        let mut st = self.lock()?;
         for e in &take {
-            st.seen.insert(e.path.clone());
+            let name = e.name();
+            if let Some(a) = st.available_now.as_mut() {
+                a.remove(&name);
+            }
             st.newest_timestamp = st.newest_timestamp.max(e.timestamp);
+            st.seen.insert(name, e.clone());
         }
         st.entries.insert(next_id, take);
         Ok(Some(log_offset(next_id)))
@@ -303,215 +486,165 @@ impl Source for FileSource {
             .transpose()?
             .map_or(0, |s| s + 1);
         let to = self.log_offset(end)?;
-        let mut paths = Vec::new();
+        let mut files = Vec::new();
         {
             let st = self.lock()?;
             for id in from..=to {
-                let files = st.entries.get(&id).ok_or_else(|| {
+                let entries = st.entries.get(&id).ok_or_else(|| {
                     self.err(format!(
                         "the file list of logOffset {id} is missing from {}",
-                        st.log_dir.as_deref().unwrap_or(Path::new("?")).display()
+                        st.log.as_ref().map(ToString::to_string).unwrap_or_default()
                     ))
                 })?;
-                for f in files {
-                    let local = f
-                        .path
-                        .strip_prefix("file://")
-                        .unwrap_or(&f.path)
-                        .to_string();
-                    if !Path::new(&local).is_file() {
-                        return Err(self.err(format!(
-                            "{local}, taken by logOffset {id}, is gone: files must stay in place \
-                             until their batch is committed"
+                files.extend(entries.iter().cloned());
+            }
+        }
+        let dir = self.opts.path.clone();
+        let format = self.opts.format.clone();
+        let base = self
+            .opts
+            .schema
+            .clone()
+            .unwrap_or_else(|| self.schema.clone());
+        let mode = self.opts.mode;
+        let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let decoded: Vec<(RecordBatch, u64)> = futures::stream::iter(files)
+            .map(|e| {
+                let dir = dir.clone();
+                let format = format.clone();
+                let base = base.clone();
+                async move {
+                    let name = e.name();
+                    let shown = dir.describe(&name);
+                    let changed = |change: String| Error::InputChanged {
+                        file: shown.clone(),
+                        batch_id: e.batch_id,
+                        change,
+                    };
+                    let now = dir.head(&name).await?;
+                    let Some(now) = now else {
+                        return Err(changed("is gone".into()));
+                    };
+                    if let Some(size) = e.size
+                        && size != now.size
+                    {
+                        return Err(changed(format!(
+                            "was {size} bytes when taken and is {} bytes now",
+                            now.size
                         )));
                     }
-                    paths.push(local);
+                    if e.etag.is_some() && now.e_tag.is_some() && e.etag != now.e_tag {
+                        return Err(changed(format!(
+                            "was rewritten (ETag {} when taken, {} now)",
+                            e.etag.clone().unwrap_or_default(),
+                            now.e_tag.clone().unwrap_or_default()
+                        )));
+                    }
+                    if e.etag.is_none() && now.modified_ms != e.timestamp {
+                        return Err(changed(format!(
+                            "was modified at {} ms after it was taken (recorded {} ms)",
+                            now.modified_ms, e.timestamp
+                        )));
+                    }
+                    let bytes = dir
+                        .get(&name)
+                        .await?
+                        .ok_or_else(|| changed("is gone".into()))?;
+                    if e.size.is_some_and(|s| s != bytes.len() as u64) {
+                        return Err(changed(format!(
+                            "changed while it was read ({} bytes read)",
+                            bytes.len()
+                        )));
+                    }
+                    let d =
+                        blocking(move || read::decode_file(bytes, &shown, &format, &base, mode))
+                            .await?;
+                    Ok((d.batch, d.malformed))
                 }
-            }
-        }
-        let what = || format!("{}: reading logOffset {from}..={to}", self.description());
-        if paths.is_empty() {
-            let empty =
-                datafusion::arrow::record_batch::RecordBatch::new_empty(self.schema.clone());
+            })
+            .buffered(parallel)
+            .try_collect()
+            .await?;
+        let malformed = decoded.iter().map(|d| d.1).sum();
+        self.lock()?.malformed = malformed;
+        let batches: Vec<RecordBatch> = decoded
+            .into_iter()
+            .map(|d| d.0)
+            .filter(|b| b.num_rows() > 0)
+            .collect();
+        let what = || format!("{}: holding logOffset {from}..={to}", self.description());
+        if batches.is_empty() {
             return ctx
-                .read_batch(empty)
+                .read_batch(RecordBatch::new_empty(self.schema.clone()))
                 .map_err(|e| Error::datafusion(what(), e));
         }
-        let schema: &Schema = &self.schema;
-        let df = match &self.opts.format {
-            FileFormat::Json => {
-                ctx.read_json(
-                    paths,
-                    JsonReadOptions::default().schema(schema).file_extension(""),
-                )
-                .await
+        ctx.read_batches(batches)
+            .map_err(|e| Error::datafusion(what(), e))
+    }
+
+    fn metrics(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        if let Ok(st) = self.state.lock() {
+            if self.opts.mode != BadRecordMode::FailFast {
+                m.insert("numMalformedRecords".into(), st.malformed.to_string());
             }
-            FileFormat::Csv {
-                has_header,
-                delimiter,
-            } => {
-                let o = CsvReadOptions::new()
-                    .schema(schema)
-                    .has_header(*has_header)
-                    .delimiter(*delimiter)
-                    .file_extension("");
-                ctx.read_csv(paths, o).await
-            }
-            FileFormat::Parquet => {
-                ctx.read_parquet(
-                    paths,
-                    ParquetReadOptions::default()
-                        .schema(schema)
-                        .file_extension(""),
-                )
-                .await
-            }
-        };
-        df.map_err(|e| Error::datafusion(what(), e))
+            m.insert("numFilesQueued".into(), st.queue.len().to_string());
+        }
+        m
     }
 
     async fn commit(&self, end: &SourceOffset) -> Result<()> {
         let end_id = self.log_offset(end)?;
-        let mut st = self.lock()?;
-        let Some(log_dir) = st.log_dir.clone() else {
-            return Ok(());
+        self.clean(end_id).await?;
+        let (log, doomed, keep_from) = {
+            let mut st = self.lock()?;
+            let Some(log) = st.log.clone() else {
+                return Ok(());
+            };
+            let floor = (end_id + 1).saturating_sub(st.retain);
+            // Forget what max_file_age lets go of, and entries out of retention.
+            let oldest = self.oldest_allowed(st.newest_timestamp);
+            st.seen.retain(|_, e| e.timestamp >= oldest);
+            st.entries.retain(|&id, _| id >= floor);
+            // Keep the newest compact file and every plain entry after it (and those of
+            // retained batches); what fell below that since the last commit goes.
+            let Some(compact) = (0..=end_id)
+                .rev()
+                .find(|id| (id + 1).is_multiple_of(COMPACT_INTERVAL))
+            else {
+                return Ok(());
+            };
+            let keep_from = floor.min(compact);
+            // `None` on the first commit of this run: the log is listed once.
+            let doomed: Option<Vec<String>> = st
+                .log_purged_below
+                .map(|below| (below..keep_from).map(entry_name).collect());
+            st.log_purged_below = Some(keep_from);
+            (log, doomed, keep_from)
         };
-        // Keep the newest compact file and every entry of the retained batches after it.
-        let floor = (end_id + 1).saturating_sub(st.retain);
-        let Some(compact) = (0..=end_id)
-            .rev()
-            .find(|id| (id + 1).is_multiple_of(COMPACT_INTERVAL))
-        else {
-            return Ok(());
+        let doomed = match doomed {
+            Some(d) => d,
+            None => log
+                .list_names()
+                .await?
+                .into_iter()
+                .filter(|n| {
+                    n.trim_end_matches(".compact")
+                        .parse::<u64>()
+                        .is_ok_and(|id| id < keep_from)
+                })
+                .collect(),
         };
-        let keep_from = floor.min(compact);
-        for id in 0..keep_from {
-            let p = Self::entry_path(&log_dir, id);
-            match fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io("removing old source log entry", &p, e)),
-            }
-        }
-        if let Some(age) = self.opts.max_file_age {
-            let oldest = st.newest_timestamp - age.as_millis() as i64;
-            st.entries
-                .retain(|&id, files| id >= floor || files.iter().any(|f| f.timestamp >= oldest));
-        }
-        Ok(())
+        log.delete_many(doomed).await
     }
+}
+
+/// The files a file source's log records, by log offset (batch): the newest compact entry
+/// and every plain entry after it. For tools that check what a query read.
+pub async fn taken_files(log: &Location) -> Result<BTreeMap<u64, Vec<FileEntry>>> {
+    log::read(log).await
 }
 
 fn log_offset(id: u64) -> SourceOffset {
     SourceOffset::new(serde_json::json!({ "logOffset": id }))
-}
-
-/// `file:///abs/path` for a local path.
-pub fn file_uri(path: &Path) -> String {
-    let abs = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map(|d| d.join(path))
-            .unwrap_or_else(|_| path.to_path_buf())
-    };
-    format!("file://{}", abs.display())
-}
-
-/// Reads a file source log: the newest `N.compact`, then every plain entry after it.
-fn read_log(dir: &Path) -> Result<BTreeMap<u64, Vec<FileEntry>>> {
-    let mut plain = Vec::new();
-    let mut compacts = Vec::new();
-    let listing = match fs::read_dir(dir) {
-        Ok(l) => l,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(e) => return Err(Error::io("listing", dir, e)),
-    };
-    for entry in listing {
-        let entry = entry.map_err(|e| Error::io("listing", dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if durable::is_hidden(&name) {
-            continue;
-        }
-        let (id, compact) = match name.strip_suffix(".compact") {
-            Some(n) => (n.parse::<u64>(), true),
-            None => (name.parse::<u64>(), false),
-        };
-        let id = id.map_err(|_| Error::CorruptLog {
-            path: entry.path(),
-            reason: "Unexpected file in a file source log".into(),
-        })?;
-        if compact {
-            compacts.push(id)
-        } else {
-            plain.push(id)
-        }
-    }
-    let base = compacts.iter().copied().max();
-    let mut out: BTreeMap<u64, Vec<FileEntry>> = BTreeMap::new();
-    let mut ids: Vec<(u64, PathBuf)> = Vec::new();
-    if let Some(c) = base {
-        ids.push((c, dir.join(format!("{c}.compact"))));
-    }
-    plain.sort_unstable();
-    ids.extend(
-        plain
-            .into_iter()
-            .filter(|&id| base.is_none_or(|c| id > c))
-            .map(|id| (id, dir.join(id.to_string()))),
-    );
-    for (_, path) in &ids {
-        let lines = durable::read_versioned(path, 1, "file source log")?;
-        for (i, line) in lines
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-        {
-            let e: FileEntry = durable::parse_line(path, i + 2, line)?;
-            out.entry(e.batch_id).or_default().push(e);
-        }
-    }
-    // Plain entries after the compact one must follow each other.
-    let after: Vec<u64> = ids
-        .iter()
-        .skip(usize::from(base.is_some()))
-        .map(|(id, _)| *id)
-        .collect();
-    let first = base.map_or(after.first().copied().unwrap_or(0), |c| c + 1);
-    for (expect, id) in (first..).zip(after) {
-        if id != expect {
-            return Err(Error::CorruptLog {
-                path: dir.join(expect.to_string()),
-                reason: "Missing entry in the file source log".into(),
-            });
-        }
-    }
-    Ok(out)
-}
-
-fn parquet_schema(dir: &Path) -> Result<SchemaRef> {
-    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map_err(|e| Error::io("listing input folder", dir, e))?
-        .filter_map(|e| e.ok())
-        .filter(|e| !durable::is_hidden(&e.file_name().to_string_lossy()))
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    let first = files.first().ok_or_else(|| {
-        Error::config(
-            "schema",
-            format!(
-                "{} has no Parquet file to read the schema from yet; give the schema explicitly",
-                dir.display()
-            ),
-        )
-    })?;
-    let f = fs::File::open(first).map_err(|e| Error::io("opening", first, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| Error::Source {
-        source_name: file_uri(first),
-        reason: format!("cannot read the Parquet schema: {e}"),
-    })?;
-    Ok(builder.schema().clone())
 }

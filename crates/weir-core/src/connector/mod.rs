@@ -1,0 +1,216 @@
+//! How a connector (a source or sink type) describes itself, so that the CLI, `weir chaos`,
+//! `weir bench` and the tests dispatch over connectors instead of knowing their insides.
+//!
+//! A connector crate provides, next to the source or sink itself:
+//! - a serde config type (`deny_unknown_fields`, kebab-case) implementing [`SinkSpec`] or
+//!   [`SourceSpec`]: its kind and label, `build()`, the fault points a batch passes in it,
+//!   the app id it uses for a query, what it ends up holding ([`SinkShape`]), how to point
+//!   it at fresh places ([`Relocation`], for chaos and benchmarks);
+//! - a [`SinkVerifier`] that reads back what the sink holds and checks its own
+//!   bookkeeping (table versions, ledger rows) for a number of committed batches.
+//!
+//! Adding a sink means adding one crate with these, and one line in the CLI's list of
+//! sink kinds.
+
+mod text;
+mod verify;
+
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::sink::ForeachBatch;
+use crate::source::{ReadLimit, Source};
+use crate::storage::{Location, StorageOptions};
+pub use text::{DurationText, SchemaText, parse_schema};
+pub use verify::{compare_append, compare_upsert, newest_per_key};
+
+/// What a config is resolved against: the pipeline file's folder (relative paths) and
+/// the object-store settings.
+#[derive(Debug, Clone, Default)]
+pub struct BuildEnv {
+    /// Relative local paths are taken from here (the pipeline file's folder).
+    pub base: Option<PathBuf>,
+    pub storage: StorageOptions,
+}
+
+impl BuildEnv {
+    /// A path or URL from a config key.
+    pub fn location(&self, key: &str, text: &str) -> Result<Location> {
+        Location::parse(key, text, self.base.as_deref(), &self.storage)
+    }
+}
+
+/// A config value that may name an environment variable (`env:NAME`), so secrets stay out
+/// of files. Errors name `key`; the value itself is never part of a message.
+pub fn secret(key: &str, value: &str) -> Result<String> {
+    match value.strip_prefix("env:") {
+        Some(var) => std::env::var(var)
+            .map_err(|_| Error::config(key, format!("environment variable {var} is not set"))),
+        None => Ok(value.to_string()),
+    }
+}
+
+/// Which query a sink works for: what its default app id is derived from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryIdentity {
+    /// The checkpoint's query id.
+    pub query_id: uuid::Uuid,
+    /// The query's name when its checkpoint was created.
+    pub app_name: String,
+}
+
+impl QueryIdentity {
+    /// The identity of the query whose checkpoint this is.
+    pub fn of(checkpoint: &Checkpoint, current_name: &str) -> Self {
+        QueryIdentity {
+            query_id: checkpoint.query_id(),
+            app_name: checkpoint
+                .created_name()
+                .unwrap_or(current_name)
+                .to_string(),
+        }
+    }
+
+    /// The default application id of idempotent sinks (see `BatchContext::app_id`).
+    pub fn default_app_id(&self) -> String {
+        format!("{}-{}", self.app_name, self.query_id)
+    }
+}
+
+/// What a sink ends up holding, which decides how its contents are checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkShape {
+    /// Every input row once (Delta append, Parquet).
+    Append,
+    /// The newest row per key, by `ordering` then the other columns (Delta MERGE,
+    /// PostgreSQL upsert); see [`newest_per_key`].
+    Upsert { keys: Vec<String>, ordering: String },
+    /// Nothing that can be read back (the console).
+    Unchecked,
+}
+
+/// Fresh places for a sink to write to (chaos and benchmarks point pipelines at them).
+#[derive(Debug, Clone)]
+pub struct Relocation {
+    /// A new, empty folder for this sink's files.
+    pub dir: Location,
+    /// A PostgreSQL server for sinks that write one.
+    pub postgres: Option<String>,
+    /// A prefix for table names, unique to the run (`weir_chaos_`).
+    pub prefix: String,
+    /// The sink's index in its pipeline.
+    pub index: usize,
+}
+
+/// What a sink found when its contents were checked.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Everything that is not as it must be.
+    pub mismatches: Vec<String>,
+    /// What was checked, for the report.
+    pub notes: Vec<String>,
+    /// Rows compared.
+    pub rows: usize,
+}
+
+impl Verdict {
+    /// Adds another verdict's findings.
+    pub fn merge(&mut self, other: Verdict) {
+        self.mismatches.extend(other.mismatches);
+        self.notes.extend(other.notes);
+        self.rows += other.rows;
+    }
+}
+
+/// Reads back what a sink holds, and checks its own bookkeeping.
+#[async_trait]
+pub trait SinkVerifier: Send + Sync {
+    /// Every row the sink holds, in `schema`'s columns and types.
+    async fn rows(&self, schema: &SchemaRef) -> Result<Vec<RecordBatch>>;
+
+    /// Checks what the sink records about batches: for `committed` batches (ids
+    /// `0..committed`) of `query`, each recorded exactly once (one Delta version per batch
+    /// and the app transaction at the last batch; one ledger row per batch and an empty
+    /// staging table; ...).
+    async fn check_bookkeeping(&self, query: &QueryIdentity, committed: u64) -> Result<Verdict>;
+
+    /// Removes what a relocated sink wrote before (tables of an earlier chaos run), so a
+    /// run starts empty. Folders are fresh already: the default does nothing.
+    async fn reset(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A sink config: everything about a sink kind, in one place.
+pub trait SinkSpec: Send + Sync + Debug {
+    /// The kind, as written in a pipeline's `type = "..."`.
+    fn kind(&self) -> &'static str;
+
+    /// The name in progress, errors and reports: the kind and where it writes.
+    fn label(&self, env: &BuildEnv) -> String;
+
+    /// Checks the settings (before anything runs) and builds the sink.
+    fn build(&self, env: &BuildEnv) -> Result<Arc<dyn ForeachBatch>>;
+
+    /// The fault points a batch passes in this sink, in order (see [`crate::fault`]).
+    fn fault_points(&self) -> Vec<&'static str>;
+
+    /// What the sink ends up holding.
+    fn shape(&self) -> SinkShape;
+
+    /// The app id the sink uses for `query`'s batches, if it records one.
+    fn app_id(&self, query: &QueryIdentity) -> Option<String>;
+
+    /// Points the sink at fresh places.
+    fn relocate(&mut self, to: &Relocation) -> Result<()>;
+
+    /// A reader of what the sink holds (`None`: the sink cannot be read back).
+    fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>>;
+}
+
+/// Where chaos and benchmarks feed input: a folder of JSON-lines files, or a Kafka topic.
+#[derive(Debug, Clone)]
+pub enum Feed {
+    /// JSON-lines files appear in this folder.
+    Files { dir: Location },
+    /// Records are produced to this topic.
+    Kafka { brokers: String, topic: String },
+}
+
+/// A source config: everything about a source kind, in one place.
+#[async_trait]
+pub trait SourceSpec: Send + Sync + Debug {
+    /// The kind, as written in a pipeline's `type = "..."`.
+    fn kind(&self) -> &'static str;
+
+    /// Checks the settings without reading anything (called before anything runs).
+    fn check(&self, env: &BuildEnv) -> Result<()>;
+
+    /// Builds the source (this may read, e.g. a Parquet schema).
+    async fn build(&self, env: &BuildEnv) -> Result<Arc<dyn Source>>;
+
+    /// The read limits the config sets (max files / offsets per trigger, ...).
+    fn read_limit(&self) -> Result<ReadLimit>;
+
+    /// Reads `feed` instead, at most `batch_rows` rows or one file per batch. An error when
+    /// this kind of source cannot read that kind of feed.
+    fn relocate(&mut self, feed: &Feed, batch_rows: u64) -> Result<()>;
+}
+
+/// `path` relative to `base` unless it is absolute or a URL (for labels).
+pub fn display_path(base: Option<&Path>, path: &str) -> String {
+    if crate::storage::has_scheme(path) || Path::new(path).is_absolute() {
+        return path.to_string();
+    }
+    match base {
+        Some(b) => b.join(path).display().to_string(),
+        None => path.to_string(),
+    }
+}

@@ -1,0 +1,323 @@
+//! Turning records (JSON values, CSV lines) into Arrow, with Spark's three modes for bad
+//! records: `FAILFAST` (stop, naming the record), `PERMISSIVE` (keep the row with null
+//! columns and the raw text in `_corrupt_record`), `DROPMALFORMED` (drop the row). The Kafka
+//! source and the file source share this code.
+//!
+//! The fast path decodes everything at once (vectorized); only when that fails is each
+//! record decoded on its own, to find the bad ones.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::StringArray;
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::json::ReaderBuilder;
+use datafusion::arrow::record_batch::RecordBatch;
+use serde::{Deserialize, Serialize};
+
+/// The column PERMISSIVE adds for the raw text of a bad record.
+pub const CORRUPT_RECORD: &str = "_corrupt_record";
+
+/// What a malformed record does (Spark's `mode` option).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum BadRecordMode {
+    /// Stop the query with an error naming the record (file and line, or topic, partition
+    /// and offset). The default.
+    #[default]
+    #[serde(alias = "failfast", alias = "FailFast")]
+    FailFast,
+    /// Keep the row: columns null, the raw text in `_corrupt_record`; counted in progress.
+    #[serde(alias = "permissive", alias = "Permissive")]
+    Permissive,
+    /// Drop the row; counted in progress.
+    #[serde(alias = "dropmalformed", alias = "DropMalformed")]
+    DropMalformed,
+}
+
+impl std::str::FromStr for BadRecordMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_uppercase().as_str() {
+            "FAILFAST" => Ok(BadRecordMode::FailFast),
+            "PERMISSIVE" => Ok(BadRecordMode::Permissive),
+            "DROPMALFORMED" => Ok(BadRecordMode::DropMalformed),
+            _ => Err(format!(
+                "'{s}' is not a mode: use FAILFAST, PERMISSIVE or DROPMALFORMED"
+            )),
+        }
+    }
+}
+
+/// The schema rows come out with: every column nullable (a bad or partial record leaves
+/// nulls), plus `_corrupt_record` in PERMISSIVE mode.
+pub fn output_schema(schema: &SchemaRef, mode: BadRecordMode) -> SchemaRef {
+    let mut fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    if mode == BadRecordMode::Permissive && schema.field_with_name(CORRUPT_RECORD).is_err() {
+        fields.push(Field::new(CORRUPT_RECORD, DataType::Utf8, true));
+    }
+    Arc::new(Schema::new(fields))
+}
+
+fn parse_schema(schema: &SchemaRef) -> SchemaRef {
+    Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .filter(|f| f.name() != CORRUPT_RECORD)
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// Rows decoded from a set of records.
+#[derive(Debug)]
+pub struct Decoded {
+    pub batch: RecordBatch,
+    /// Records that did not parse (kept or dropped, by the mode).
+    pub malformed: u64,
+}
+
+/// The first bad record in FAILFAST mode: its index among the records, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    pub index: usize,
+    pub reason: String,
+}
+
+/// Decodes `buf` (JSON values separated by whitespace, normally one per line) expecting
+/// `rows` values (when known).
+pub fn json_all(
+    schema: &SchemaRef,
+    buf: &[u8],
+    rows: Option<usize>,
+) -> Result<RecordBatch, String> {
+    let schema = parse_schema(schema);
+    let mut d = ReaderBuilder::new(schema.clone())
+        .with_batch_size(rows.unwrap_or(8192).max(1))
+        .build_decoder()
+        .map_err(|e| e.to_string())?;
+    let mut parts = Vec::new();
+    let mut rest = buf;
+    loop {
+        let used = d.decode(rest).map_err(|e| e.to_string())?;
+        rest = &rest[used..];
+        if rest.is_empty() {
+            break;
+        }
+        // The decoder stopped because its batch is full.
+        if let Some(b) = d.flush().map_err(|e| e.to_string())? {
+            parts.push(b);
+        } else if used == 0 {
+            return Err("the JSON decoder made no progress".into());
+        }
+    }
+    if let Some(b) = d.flush().map_err(|e| e.to_string())? {
+        parts.push(b);
+    }
+    let out = concat_batches(&schema, &parts).map_err(|e| e.to_string())?;
+    if let Some(n) = rows
+        && out.num_rows() != n
+    {
+        return Err(format!(
+            "expected {n} JSON value(s), found {}",
+            out.num_rows()
+        ));
+    }
+    Ok(out)
+}
+
+/// Decodes each record on its own (`None`: a null value, read as `{}`), applying `mode` to
+/// the ones that fail. `schema` is the schema asked for (without `_corrupt_record`).
+pub fn json_each(
+    schema: &SchemaRef,
+    records: &[Option<&[u8]>],
+    mode: BadRecordMode,
+) -> Result<Decoded, Malformed> {
+    let parse = parse_schema(schema);
+    let mut parts = Vec::with_capacity(records.len());
+    let mut corrupt: Vec<Option<String>> = Vec::with_capacity(records.len());
+    let mut malformed = 0u64;
+    let mut line = Vec::new();
+    for (index, r) in records.iter().enumerate() {
+        line.clear();
+        line.extend(r.unwrap_or(b"{}").iter().filter(|&&b| b != b'\n'));
+        line.push(b'\n');
+        match json_all(&parse, &line, Some(1)) {
+            Ok(b) => {
+                parts.push(b);
+                corrupt.push(None);
+            }
+            Err(reason) => match mode {
+                BadRecordMode::FailFast => return Err(Malformed { index, reason }),
+                BadRecordMode::DropMalformed => malformed += 1,
+                BadRecordMode::Permissive => {
+                    malformed += 1;
+                    parts.push(null_row(&parse).map_err(|reason| Malformed { index, reason })?);
+                    corrupt.push(Some(
+                        String::from_utf8_lossy(r.unwrap_or_default()).into_owned(),
+                    ));
+                }
+            },
+        }
+    }
+    let batch = concat_batches(&parse, &parts).map_err(|e| Malformed {
+        index: 0,
+        reason: e.to_string(),
+    })?;
+    let batch = with_corrupt(batch, schema, mode, Some(corrupt))
+        .map_err(|reason| Malformed { index: 0, reason })?;
+    Ok(Decoded { batch, malformed })
+}
+
+/// One row of nulls.
+fn null_row(schema: &SchemaRef) -> Result<RecordBatch, String> {
+    json_all(schema, b"{}\n", Some(1))
+}
+
+/// Adds the `_corrupt_record` column in PERMISSIVE mode (`None`: no bad record).
+pub fn with_corrupt(
+    batch: RecordBatch,
+    schema: &SchemaRef,
+    mode: BadRecordMode,
+    corrupt: Option<Vec<Option<String>>>,
+) -> Result<RecordBatch, String> {
+    if mode != BadRecordMode::Permissive {
+        return Ok(batch);
+    }
+    let n = batch.num_rows();
+    let mut cols = batch.columns().to_vec();
+    let corrupt = corrupt.unwrap_or_else(|| vec![None; n]);
+    cols.push(Arc::new(StringArray::from(corrupt)));
+    RecordBatch::try_new(output_schema(schema, mode), cols).map_err(|e| e.to_string())
+}
+
+/// Decodes CSV text: all at once, or line by line when that fails. `header` lines are
+/// skipped. The line index in [`Malformed`] counts from the first line of `text`.
+pub fn csv(
+    schema: &SchemaRef,
+    text: &[u8],
+    header: bool,
+    delimiter: u8,
+    mode: BadRecordMode,
+) -> Result<Decoded, Malformed> {
+    use datafusion::arrow::csv::ReaderBuilder as CsvBuilder;
+    let parse = parse_schema(schema);
+    let all = |bytes: &[u8], header: bool| -> Result<RecordBatch, String> {
+        let reader = CsvBuilder::new(parse.clone())
+            .with_header(header)
+            .with_delimiter(delimiter)
+            .build(bytes)
+            .map_err(|e| e.to_string())?;
+        let parts = reader
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        concat_batches(&parse, &parts).map_err(|e| e.to_string())
+    };
+    if let Ok(b) = all(text, header) {
+        let batch =
+            with_corrupt(b, schema, mode, None).map_err(|reason| Malformed { index: 0, reason })?;
+        return Ok(Decoded {
+            batch,
+            malformed: 0,
+        });
+    }
+    let mut parts = Vec::new();
+    let mut corrupt = Vec::new();
+    let mut malformed = 0;
+    for (index, line) in text.split(|&b| b == b'\n').enumerate() {
+        if (header && index == 0) || line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match all(line, false) {
+            Ok(b) if b.num_rows() == 1 => {
+                parts.push(b);
+                corrupt.push(None);
+            }
+            Ok(b) => {
+                let reason = format!("a line gave {} rows", b.num_rows());
+                if mode == BadRecordMode::FailFast {
+                    return Err(Malformed { index, reason });
+                }
+                malformed += 1;
+            }
+            Err(reason) => match mode {
+                BadRecordMode::FailFast => return Err(Malformed { index, reason }),
+                BadRecordMode::DropMalformed => malformed += 1,
+                BadRecordMode::Permissive => {
+                    malformed += 1;
+                    parts.push(null_row(&parse).map_err(|reason| Malformed { index, reason })?);
+                    corrupt.push(Some(String::from_utf8_lossy(line).into_owned()));
+                }
+            },
+        }
+    }
+    let batch = concat_batches(&parse, &parts).map_err(|e| Malformed {
+        index: 0,
+        reason: e.to_string(),
+    })?;
+    let batch = with_corrupt(batch, schema, mode, Some(corrupt))
+        .map_err(|reason| Malformed { index: 0, reason })?;
+    Ok(Decoded { batch, malformed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::Int64Type;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]))
+    }
+
+    #[test]
+    fn json_records_follow_the_three_modes() {
+        let recs: Vec<Option<&[u8]>> = vec![
+            Some(br#"{"id":1,"name":"a"}"#),
+            Some(br#"{"id":"x"}"#),
+            None,
+            Some(br#"{"id":3}"#),
+        ];
+        let err = json_each(&schema(), &recs, BadRecordMode::FailFast).unwrap_err();
+        assert_eq!(err.index, 1);
+        let d = json_each(&schema(), &recs, BadRecordMode::DropMalformed).unwrap();
+        assert_eq!((d.batch.num_rows(), d.malformed), (3, 1));
+        let d = json_each(&schema(), &recs, BadRecordMode::Permissive).unwrap();
+        assert_eq!((d.batch.num_rows(), d.malformed), (4, 1));
+        let corrupt = d.batch.column(2).as_string::<i32>();
+        assert_eq!(corrupt.value(1), r#"{"id":"x"}"#);
+        assert!(corrupt.is_null(0));
+        let ids = d.batch.column(0).as_primitive::<Int64Type>();
+        assert!(ids.is_null(1) && ids.is_null(2) && ids.value(3) == 3);
+    }
+
+    #[test]
+    fn json_all_reads_more_rows_than_one_decoder_batch() {
+        let mut buf = Vec::new();
+        for i in 0..20_000 {
+            buf.extend_from_slice(format!("{{\"id\":{i}}}\n").as_bytes());
+        }
+        let b = json_all(&schema(), &buf, Some(20_000)).unwrap();
+        assert_eq!(b.num_rows(), 20_000);
+        assert!(json_all(&schema(), &buf, Some(3)).is_err());
+    }
+
+    #[test]
+    fn csv_lines_follow_the_modes_and_name_the_line() {
+        let text = b"id,name\n1,a\nx,b\n3,c\n";
+        let err = csv(&schema(), text, true, b',', BadRecordMode::FailFast).unwrap_err();
+        assert_eq!(err.index, 2);
+        let d = csv(&schema(), text, true, b',', BadRecordMode::DropMalformed).unwrap();
+        assert_eq!((d.batch.num_rows(), d.malformed), (2, 1));
+        let d = csv(&schema(), text, true, b',', BadRecordMode::Permissive).unwrap();
+        assert_eq!((d.batch.num_rows(), d.malformed), (3, 1));
+    }
+}

@@ -1,0 +1,163 @@
+//! The file source in a pipeline file: `[source] type = "files"`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::{CleanSource, FileFormat, FileSource, FileSourceOptions};
+use crate::connector::{BuildEnv, DurationText, Feed, SchemaText, SourceSpec};
+use crate::error::{Error, Result};
+use crate::source::{BadRecordMode, ReadLimit, Source};
+
+/// The file format names of a pipeline file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FormatName {
+    Json,
+    Csv,
+    Parquet,
+}
+
+/// What happens to the files of committed batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CleanName {
+    Off,
+    Delete,
+    Archive,
+}
+
+/// `[source] type = "files"`.
+///
+/// ```toml
+/// [source]
+/// type = "files"
+/// path = "in"                      # a folder, or s3://bucket/prefix, az://..., gs://...
+/// format = "json"                  # csv | parquet
+/// schema = ["order_id bigint", "status string", "updated_at timestamp"]
+/// max-files-per-trigger = 20
+/// mode = "PERMISSIVE"              # FAILFAST (default) | DROPMALFORMED
+/// max-file-age = "7d"
+/// clean-source = "delete"          # off (default) | archive (with source-archive-dir)
+/// ```
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FilesConfig {
+    pub path: String,
+    pub format: FormatName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaText>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_files_per_trigger: Option<usize>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub latest_first: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_file_age: Option<DurationText>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csv_header: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csv_delimiter: Option<char>,
+    /// FAILFAST (default), PERMISSIVE or DROPMALFORMED, for malformed JSON and CSV lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<BadRecordMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clean_source: Option<CleanName>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_archive_dir: Option<String>,
+}
+
+impl FilesConfig {
+    fn format(&self) -> Result<FileFormat> {
+        Ok(match self.format {
+            FormatName::Json => FileFormat::Json,
+            FormatName::Parquet => FileFormat::Parquet,
+            FormatName::Csv => FileFormat::Csv {
+                has_header: self.csv_header.unwrap_or(true),
+                delimiter: match self.csv_delimiter {
+                    None => b',',
+                    Some(c) if c.is_ascii() => c as u8,
+                    Some(c) => {
+                        return Err(Error::config(
+                            "source.csv-delimiter",
+                            format!("'{c}' is not a single-byte (ASCII) character"),
+                        ));
+                    }
+                },
+            },
+        })
+    }
+
+    /// The options, checked.
+    pub fn options(&self, env: &BuildEnv) -> Result<FileSourceOptions> {
+        if self.schema.is_none() && self.format != FormatName::Parquet {
+            return Err(Error::config(
+                "source.schema",
+                "required for json and csv files",
+            ));
+        }
+        let mut o =
+            FileSourceOptions::new(env.location("source.path", &self.path)?, self.format()?);
+        o.schema = self.schema.as_ref().map(SchemaText::schema);
+        o.latest_first = self.latest_first;
+        o.max_file_age = self.max_file_age.map(|d| d.0);
+        o.mode = self.mode.unwrap_or_default();
+        o.clean_source = match (self.clean_source, &self.source_archive_dir) {
+            (None | Some(CleanName::Off), None) => CleanSource::Off,
+            (Some(CleanName::Delete), None) => CleanSource::Delete,
+            (Some(CleanName::Archive), Some(d)) => {
+                CleanSource::Archive(env.location("source.source-archive-dir", d)?)
+            }
+            (Some(CleanName::Archive), None) => {
+                return Err(Error::config(
+                    "source.source-archive-dir",
+                    "clean-source = \"archive\" needs the folder to move files to",
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(Error::config(
+                    "source.source-archive-dir",
+                    "only used with clean-source = \"archive\"",
+                ));
+            }
+        };
+        Ok(o)
+    }
+}
+
+#[async_trait]
+impl SourceSpec for FilesConfig {
+    fn kind(&self) -> &'static str {
+        "files"
+    }
+
+    fn check(&self, env: &BuildEnv) -> Result<()> {
+        self.options(env).map(|_| ())
+    }
+
+    async fn build(&self, env: &BuildEnv) -> Result<Arc<dyn Source>> {
+        Ok(Arc::new(FileSource::new(self.options(env)?).await?))
+    }
+
+    fn read_limit(&self) -> Result<ReadLimit> {
+        Ok(ReadLimit {
+            max_files: self.max_files_per_trigger,
+            ..ReadLimit::ALL
+        })
+    }
+
+    fn relocate(&mut self, feed: &Feed, _batch_rows: u64) -> Result<()> {
+        match feed {
+            Feed::Files { dir } => {
+                self.path = dir.url_string();
+                self.format = FormatName::Json;
+                self.max_files_per_trigger = Some(1);
+                Ok(())
+            }
+            Feed::Kafka { .. } => Err(Error::config(
+                "source.type",
+                "a files source cannot read a Kafka feed",
+            )),
+        }
+    }
+}

@@ -1,0 +1,83 @@
+use super::*;
+
+#[tokio::test]
+async fn put_new_refuses_to_overwrite_and_leaves_no_temp_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = Location::local(dir.path().join("logs"));
+    assert_eq!(
+        loc.put_new("0", Bytes::from_static(b"v1\na"))
+            .await
+            .unwrap(),
+        WriteOutcome::Written
+    );
+    assert_eq!(
+        loc.put_new("0", Bytes::from_static(b"v1\nb"))
+            .await
+            .unwrap(),
+        WriteOutcome::AlreadyExists
+    );
+    assert_eq!(
+        loc.get("0").await.unwrap().unwrap(),
+        Bytes::from_static(b"v1\na")
+    );
+    assert_eq!(loc.list_names().await.unwrap(), vec!["0".to_string()]);
+    assert_eq!(loc.get("missing").await.unwrap(), None);
+    loc.put("0", Bytes::from_static(b"x")).await.unwrap();
+    assert_eq!(loc.head("0").await.unwrap().unwrap().size, 1);
+    loc.delete("0").await.unwrap();
+    loc.delete("0").await.unwrap();
+    assert!(loc.list().await.unwrap().is_empty());
+}
+
+#[test]
+fn urls_are_parsed_and_unknown_schemes_refused() {
+    let o = StorageOptions::default();
+    let l = Location::parse("path", "rel/dir", Some(Path::new("/base")), &o).unwrap();
+    assert_eq!(l.local_path(), Some(Path::new("/base/rel/dir")));
+    let l = Location::parse("path", "file:///tmp/x", None, &o).unwrap();
+    assert_eq!(l.local_path(), Some(Path::new("/tmp/x")));
+    for bad in ["hdfs://nn/x", "ftp://h/x", "http://h/x"] {
+        let e = Location::parse("sink.path", bad, None, &o)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("sink.path") && e.contains("unsupported storage scheme"),
+            "{e}"
+        );
+    }
+    // Not a scheme: a local name with a colon.
+    let l = Location::parse("path", "a:b", Some(Path::new("/base")), &o).unwrap();
+    assert_eq!(l.local_path(), Some(Path::new("/base/a:b")));
+    assert!(has_scheme("s3://b/k") && !has_scheme("s3:/b") && !has_scheme("./s3://x"));
+}
+
+#[test]
+fn object_store_settings_unknown_to_every_store_are_refused() {
+    let mut m = std::collections::BTreeMap::new();
+    m.insert(
+        "aws_endpoint".to_string(),
+        "http://127.0.0.1:9000".to_string(),
+    );
+    m.insert("allow_http".to_string(), "true".to_string());
+    assert!(StorageOptions::new(m.clone()).is_ok());
+    m.insert("aws_endpont".to_string(), "typo".to_string());
+    let e = StorageOptions::new(m).unwrap_err().to_string();
+    assert!(e.contains("storage.aws_endpont"), "{e}");
+    let shown = format!(
+        "{:?}",
+        StorageOptions::new([("aws_secret_access_key".to_string(), "hunter2".to_string())].into())
+            .unwrap()
+    );
+    assert!(!shown.contains("hunter2"), "{shown}");
+}
+
+#[test]
+fn joined_locations_and_file_urls_keep_names_literal() {
+    let l = Location::local("/in");
+    assert_eq!(l.join("a/b").local_path(), Some(Path::new("/in/a/b")));
+    assert_eq!(
+        l.file_url_encoded("a[1] b%.json"),
+        "file:///in/a[1]%20b%25.json"
+    );
+    assert_eq!(l.describe("x.json"), "/in/x.json");
+}
