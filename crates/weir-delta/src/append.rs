@@ -1,7 +1,7 @@
 //! Idempotent append: the rows and the application transaction in one Delta commit.
 
 use std::num::NonZeroU64;
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use deltalake::DeltaTable;
@@ -10,36 +10,44 @@ use deltalake::kernel::transaction::CommitProperties;
 use deltalake::protocol::SaveMode;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::prelude::DataFrame;
+use weir_core::storage::Location;
 use weir_core::{BatchContext, BoxError, ForeachBatch, fault};
 
 use crate::error::DeltaSinkError;
-use crate::table::prepare;
+use crate::table::{Cached, note_version, prepare};
+use crate::{POINT_AFTER_COMMIT, POINT_BEFORE_COMMIT};
 
 /// Appends each batch to a Delta table, exactly once per batch id.
 ///
-/// Before writing it reads the version the table records for the app id; if that is at
-/// least the batch id, the write is skipped (logged, and counted in the progress). Otherwise
-/// the rows are appended with the transaction `(app_id, batch_id)` in the same commit, so
-/// the rows and "batch N is written" land together or not at all. A commit that loses a
-/// race with another writer of the same app id fails the batch; the retry then skips.
+/// Before writing it reads the version the table records for the app id; if that is the
+/// batch id and the batch is a replay, the write is skipped (logged, and counted in the
+/// progress). Otherwise the rows are appended with the transaction `(app_id, batch_id)` in
+/// the same commit, so the rows and "batch N is written" land together or not at all. A
+/// recorded version this query cannot have written (beyond the batch, or the batch itself on
+/// a first attempt) is an error naming the app id. A commit that loses a race with another
+/// writer of the same app id fails the batch; the retry then skips.
 #[derive(Debug, Clone)]
 pub struct DeltaAppend {
-    path: PathBuf,
+    at: Location,
     app_id: Option<String>,
+    allow_app_id_reuse: bool,
     partition_by: Vec<String>,
     target_file_size: Option<NonZeroU64>,
     optimize_every: Option<u64>,
+    table: Arc<Cached>,
 }
 
 impl DeltaAppend {
-    /// Appends to the table at `path` (created on the first write, from the batch schema).
-    pub fn new(path: impl Into<PathBuf>) -> Self {
+    /// Appends to the table at `at` (created on the first write, from the batch schema).
+    pub fn new(at: impl Into<Location>) -> Self {
         DeltaAppend {
-            path: path.into(),
+            at: at.into(),
             app_id: None,
+            allow_app_id_reuse: false,
             partition_by: Vec::new(),
             target_file_size: None,
             optimize_every: None,
+            table: Arc::new(Cached::new()),
         }
     }
 
@@ -50,9 +58,16 @@ impl DeltaAppend {
         self
     }
 
+    /// Skip (with a warning) instead of failing when the table records a version of the
+    /// app id that this query did not write.
+    pub fn allow_app_id_reuse(mut self, yes: bool) -> Self {
+        self.allow_app_id_reuse = yes;
+        self
+    }
+
     /// Partition columns for a table this sink creates.
-    pub fn partition_by(mut self, cols: Vec<String>) -> Self {
-        self.partition_by = cols;
+    pub fn partition_by(mut self, cols: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.partition_by = cols.into_iter().map(Into::into).collect();
         self
     }
 
@@ -68,23 +83,33 @@ impl DeltaAppend {
         self
     }
 
-    /// The table folder.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The table's location.
+    pub fn location(&self) -> &Location {
+        &self.at
     }
 
-    fn name(&self) -> String {
-        format!("delta-append {}", self.path.display())
+    /// The sink's name in progress and errors.
+    pub fn label(&self) -> String {
+        format!("delta-append {}", self.at)
     }
 
     async fn append(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), DeltaSinkError> {
         let id = ctx.batch_id;
-        let prepared = prepare(&self.path, &self.name(), self.app_id.as_deref(), ctx).await?;
-        if !prepared.write {
+        let sink = self.label();
+        let prepared = prepare(
+            &self.table,
+            &self.at,
+            &sink,
+            self.app_id.as_deref(),
+            self.allow_app_id_reuse,
+            ctx,
+        )
+        .await?;
+        let Some(table) = prepared.table else {
             return Ok(());
-        }
+        };
         let df_err = |action, source| DeltaSinkError::DataFusion {
-            table: self.path.clone(),
+            table: self.at.to_string(),
             batch_id: id,
             action,
             source,
@@ -101,21 +126,20 @@ impl DeltaAppend {
             batches.push(RecordBatch::new_empty(schema));
         }
         let table = write_with_txn(
-            prepared.table,
+            table,
             batches,
             &self.partition_by,
             self.target_file_size,
             &prepared.app_id,
-            &self.path,
+            &self.at,
             id,
         )
         .await?;
         ctx.metrics.add_output_rows(rows as u64);
-        if let Some(v) = table.version() {
-            ctx.metrics
-                .note(format!("{}.version", self.name()), v.to_string());
-        }
-        maybe_optimize(table, self.optimize_every, &self.path, id).await
+        note_version(ctx, &sink, &table);
+        let table = maybe_optimize(table, self.optimize_every, &self.at, id).await?;
+        self.table.put(table).await;
+        Ok(())
     }
 }
 
@@ -127,14 +151,15 @@ pub(crate) async fn write_with_txn(
     partition_by: &[String],
     target_file_size: Option<NonZeroU64>,
     app_id: &str,
-    path: &Path,
+    at: &Location,
     batch_id: u64,
 ) -> Result<DeltaTable, DeltaSinkError> {
-    fault::hit("delta-before-commit", batch_id).map_err(|source| DeltaSinkError::Engine {
-        table: path.to_path_buf(),
+    let engine = |source| DeltaSinkError::Engine {
+        table: at.to_string(),
         batch_id,
         source,
-    })?;
+    };
+    fault::hit(POINT_BEFORE_COMMIT, batch_id).map_err(engine)?;
     let txn = Transaction::new(app_id, batch_id as i64);
     let mut write = table
         .write(batches)
@@ -147,16 +172,12 @@ pub(crate) async fn write_with_txn(
         write = write.with_target_file_size(target_file_size);
     }
     let table = write.await.map_err(|source| DeltaSinkError::Delta {
-        table: path.to_path_buf(),
+        table: at.to_string(),
         batch_id,
         action: "committing the append",
         source,
     })?;
-    fault::hit("delta-after-commit", batch_id).map_err(|source| DeltaSinkError::Engine {
-        table: path.to_path_buf(),
-        batch_id,
-        source,
-    })?;
+    fault::hit(POINT_AFTER_COMMIT, batch_id).map_err(engine)?;
     Ok(table)
 }
 
@@ -165,29 +186,29 @@ pub(crate) async fn write_with_txn(
 pub(crate) async fn maybe_optimize(
     table: DeltaTable,
     every: Option<u64>,
-    path: &Path,
+    at: &Location,
     batch_id: u64,
-) -> Result<(), DeltaSinkError> {
-    let Some(n) = every else { return Ok(()) };
+) -> Result<DeltaTable, DeltaSinkError> {
+    let Some(n) = every else { return Ok(table) };
     if !(batch_id + 1).is_multiple_of(n) {
-        return Ok(());
+        return Ok(table);
     }
-    let (_, metrics) = table
+    let (table, metrics) = table
         .optimize()
         .await
         .map_err(|source| DeltaSinkError::Delta {
-            table: path.to_path_buf(),
+            table: at.to_string(),
             batch_id,
             action: "compacting small files (optimize)",
             source,
         })?;
     tracing::info!(
-        table = %path.display(),
+        table = %at,
         "optimize after batch {batch_id}: {} files removed, {} added",
         metrics.num_files_removed,
         metrics.num_files_added
     );
-    Ok(())
+    Ok(table)
 }
 
 #[async_trait]

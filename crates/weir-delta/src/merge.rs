@@ -1,7 +1,7 @@
 //! MERGE upsert: newest row per key, guarded update, insert of new keys, and the
 //! application transaction in the MERGE commit.
 
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use deltalake::kernel::Transaction;
@@ -9,58 +9,88 @@ use deltalake::kernel::transaction::CommitProperties;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::common::{Column, ScalarValue};
 use weir_core::datafusion::functions_aggregate::expr_fn::count;
+use weir_core::datafusion::logical_expr::{Operator, binary_expr};
 use weir_core::datafusion::prelude::{DataFrame, Expr, SessionContext, lit};
-use weir_core::{BatchContext, BoxError, ForeachBatch, dedupe_latest, fault};
+use weir_core::sink::upsert::{apply_null_rules, order_columns};
+use weir_core::storage::Location;
+use weir_core::{
+    BatchContext, BoxError, ForeachBatch, NullKeys, NullOrdering, SinkMetric, dedupe_latest, fault,
+};
 
 use crate::append::{maybe_optimize, write_with_txn};
 use crate::error::DeltaSinkError;
-use crate::table::prepare;
+use crate::table::{Cached, note_version, prepare};
+use crate::{POINT_AFTER_COMMIT, POINT_BEFORE_COMMIT};
 
 /// Upserts each batch into a Delta table by key: Spark's
-/// `MERGE ... WHEN MATCHED AND s.<ordering> > t.<ordering> THEN UPDATE SET * WHEN NOT
-/// MATCHED THEN INSERT *`, exactly once per batch id.
+/// `MERGE ... WHEN MATCHED AND <s is newer than t> THEN UPDATE SET * WHEN NOT MATCHED THEN
+/// INSERT *`, exactly once per batch id.
 ///
 /// - In-batch dedupe (on by default) keeps the newest row per key, since a MERGE refuses two
 ///   source rows for one target row. With it off, such a batch fails naming the key.
-/// - The ordering guard means a late, older event never overwrites a newer one, so a replay
-///   (or any re-run) of a batch changes nothing even without the skip.
+/// - "Newer" is the total order of `weir_core::sink::upsert`: the ordering column, then the
+///   other non-key columns, NULL lowest; so a late, older event never overwrites a newer
+///   one, ties are decided the same way whatever the batches, and a replay (or any re-run)
+///   of a batch changes nothing even without the skip.
+/// - Rows with a NULL key (and, by default, a NULL ordering) fail the batch with an error
+///   naming them; see [`NullKeys`] and [`NullOrdering`].
 /// - The application transaction rides in the MERGE commit. delta-rs does not commit a MERGE
 ///   that changes no row; then the transaction is recorded by an empty append, so
 ///   "batch N is applied" is always provable and the replay is skipped without a scan.
-/// - `prune_by` adds `t.<col> IN (<values in the batch>)` to the match condition, so the
-///   MERGE reads only the target files that can match (e.g. a date partition).
+/// - `prune_by` (a key column) adds `t.<col> IN (<values in the batch>)` to the match
+///   condition, so the MERGE reads only the target files that can match (e.g. a date
+///   partition that is part of the key).
 #[derive(Debug, Clone)]
 pub struct DeltaMerge {
-    path: PathBuf,
+    at: Location,
     keys: Vec<String>,
     ordering: String,
     app_id: Option<String>,
+    allow_app_id_reuse: bool,
     dedupe: bool,
     update_condition: Option<String>,
     prune_by: Option<String>,
     partition_by: Vec<String>,
     optimize_every: Option<u64>,
+    null_keys: NullKeys,
+    null_ordering: NullOrdering,
+    table: Arc<Cached>,
 }
 
 impl DeltaMerge {
-    /// Upserts into the table at `path` by `keys`, newest `ordering` wins.
-    pub fn new(path: impl Into<PathBuf>, keys: Vec<String>, ordering: impl Into<String>) -> Self {
+    /// Upserts into the table at `at` by `keys`, newest `ordering` wins.
+    pub fn new(
+        at: impl Into<Location>,
+        keys: impl IntoIterator<Item = impl Into<String>>,
+        ordering: impl Into<String>,
+    ) -> Self {
         DeltaMerge {
-            path: path.into(),
-            keys,
+            at: at.into(),
+            keys: keys.into_iter().map(Into::into).collect(),
             ordering: ordering.into(),
             app_id: None,
+            allow_app_id_reuse: false,
             dedupe: true,
             update_condition: None,
             prune_by: None,
             partition_by: Vec::new(),
             optimize_every: None,
+            null_keys: NullKeys::Error,
+            null_ordering: NullOrdering::Error,
+            table: Arc::new(Cached::new()),
         }
     }
 
     /// An explicit application id instead of the query name plus query id.
     pub fn app_id(mut self, id: impl Into<String>) -> Self {
         self.app_id = Some(id.into());
+        self
+    }
+
+    /// Skip (with a warning) instead of failing when the table records a version of the
+    /// app id that this query did not write.
+    pub fn allow_app_id_reuse(mut self, yes: bool) -> Self {
+        self.allow_app_id_reuse = yes;
         self
     }
 
@@ -71,21 +101,21 @@ impl DeltaMerge {
     }
 
     /// The condition for updating a matched row, as SQL over `s` (batch) and `t` (table);
-    /// default `s.<ordering> > t.<ordering>`.
+    /// default: `s` is newer than `t` by the total order.
     pub fn update_condition(mut self, sql: impl Into<String>) -> Self {
         self.update_condition = Some(sql.into());
         self
     }
 
-    /// A column whose batch values are added to the match condition to prune the scan.
+    /// A key column whose batch values are added to the match condition to prune the scan.
     pub fn prune_by(mut self, column: impl Into<String>) -> Self {
         self.prune_by = Some(column.into());
         self
     }
 
     /// Partition columns for a table this sink creates.
-    pub fn partition_by(mut self, cols: Vec<String>) -> Self {
-        self.partition_by = cols;
+    pub fn partition_by(mut self, cols: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.partition_by = cols.into_iter().map(Into::into).collect();
         self
     }
 
@@ -95,13 +125,51 @@ impl DeltaMerge {
         self
     }
 
-    /// The table folder.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// What rows with a NULL key do (default: the batch fails, naming them).
+    pub fn null_keys(mut self, rule: NullKeys) -> Self {
+        self.null_keys = rule;
+        self
     }
 
-    fn name(&self) -> String {
-        format!("delta-merge {}", self.path.display())
+    /// What rows with a NULL ordering value do (default: the batch fails, naming them).
+    pub fn null_ordering(mut self, rule: NullOrdering) -> Self {
+        self.null_ordering = rule;
+        self
+    }
+
+    /// The table's location.
+    pub fn location(&self) -> &Location {
+        &self.at
+    }
+
+    /// The sink's name in progress and errors.
+    pub fn label(&self) -> String {
+        format!("delta-merge {}", self.at)
+    }
+
+    /// The settings that can be checked without data.
+    pub fn check(&self) -> Result<(), DeltaSinkError> {
+        let bad = |key, reason: String| DeltaSinkError::Config {
+            table: self.at.to_string(),
+            key,
+            reason,
+        };
+        if self.keys.is_empty() {
+            return Err(bad("keys", "a MERGE needs at least one key column".into()));
+        }
+        if let Some(p) = &self.prune_by
+            && !self.keys.contains(p)
+        {
+            return Err(bad(
+                "prune-by",
+                format!(
+                    "'{p}' is not a key column: a key whose {p} changed would not be found and \
+                     would be inserted a second time. Add it to keys (e.g. keys = [\"{p}\", ...]) \
+                     if it never changes for a key"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn df_err(
@@ -110,34 +178,53 @@ impl DeltaMerge {
         action: &'static str,
     ) -> impl Fn(weir_core::datafusion::error::DataFusionError) -> DeltaSinkError + '_ {
         move |source| DeltaSinkError::DataFusion {
-            table: self.path.clone(),
+            table: self.at.to_string(),
             batch_id,
             action,
             source,
         }
     }
 
+    fn engine(&self, batch_id: u64) -> impl Fn(weir_core::Error) -> DeltaSinkError + '_ {
+        move |source| DeltaSinkError::Engine {
+            table: self.at.to_string(),
+            batch_id,
+            source,
+        }
+    }
+
     async fn merge(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), DeltaSinkError> {
         let id = ctx.batch_id;
-        if self.keys.is_empty() {
-            return Err(DeltaSinkError::Config {
-                table: self.path.clone(),
-                key: "keys",
-                reason: "a MERGE needs at least one key column".into(),
-            });
-        }
-        let prepared = prepare(&self.path, &self.name(), self.app_id.as_deref(), ctx).await?;
-        if !prepared.write {
+        self.check()?;
+        let sink = self.label();
+        let prepared = prepare(
+            &self.table,
+            &self.at,
+            &sink,
+            self.app_id.as_deref(),
+            self.allow_app_id_reuse,
+            ctx,
+        )
+        .await?;
+        let Some(table) = prepared.table else {
             return Ok(());
+        };
+        let (batch, dropped) = apply_null_rules(
+            batch,
+            &self.keys,
+            &self.ordering,
+            self.null_keys,
+            self.null_ordering,
+            &sink,
+            id,
+        )
+        .await
+        .map_err(self.engine(id))?;
+        if dropped > 0 {
+            ctx.metrics.record(&sink, SinkMetric::Dropped, dropped);
         }
         let source = if self.dedupe {
-            dedupe_latest(batch, &self.keys, &self.ordering).map_err(|source| {
-                DeltaSinkError::Engine {
-                    table: self.path.clone(),
-                    batch_id: id,
-                    source,
-                }
-            })?
+            dedupe_latest(batch, &self.keys, &self.ordering).map_err(self.engine(id))?
         } else {
             self.refuse_duplicates(batch.clone(), id).await?;
             batch
@@ -150,7 +237,6 @@ impl DeltaMerge {
             .map_err(self.df_err(id, "computing the batch"))?;
         batches.retain(|b| b.num_rows() > 0);
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        let table = prepared.table;
         let app_id = prepared.app_id;
         let before = table.version();
         let commit = |table, batches: Vec<RecordBatch>| {
@@ -160,7 +246,7 @@ impl DeltaMerge {
                 &self.partition_by,
                 None,
                 &app_id,
-                &self.path,
+                &self.at,
                 id,
             )
         };
@@ -171,8 +257,7 @@ impl DeltaMerge {
             }
             let t = commit(table, batches).await?;
             if before.is_none() {
-                ctx.metrics
-                    .note(format!("{}.inserted", self.name()), rows.to_string());
+                ctx.metrics.record(&sink, SinkMetric::Inserted, rows);
             }
             t
         } else {
@@ -189,10 +274,10 @@ impl DeltaMerge {
             let source_df = session
                 .read_batches(batches)
                 .map_err(self.df_err(id, "holding the batch"))?;
-            let guard = qualified("s", &self.ordering).gt(qualified("t", &self.ordering));
+            let guard = newer(&order_columns(&columns, &self.keys, &self.ordering));
             let txn = Transaction::new(&app_id, id as i64);
             let delta_err = |action, source| DeltaSinkError::Delta {
-                table: self.path.clone(),
+                table: self.at.to_string(),
                 batch_id: id,
                 action,
                 source,
@@ -220,40 +305,30 @@ impl DeltaMerge {
                         .fold(i, |i, c| i.set(c.as_str(), qualified("s", c)))
                 })
                 .map_err(|e| delta_err("planning the MERGE insert", e))?;
-            fault::hit("delta-before-commit", id).map_err(|source| DeltaSinkError::Engine {
-                table: self.path.clone(),
-                batch_id: id,
-                source,
-            })?;
+            fault::hit(POINT_BEFORE_COMMIT, id).map_err(self.engine(id))?;
             let (table, metrics) = builder
                 .await
                 .map_err(|e| delta_err("running the MERGE", e))?;
-            ctx.metrics.note(
-                format!("{}.inserted", self.name()),
-                metrics.num_target_rows_inserted.to_string(),
+            ctx.metrics.record(
+                &sink,
+                SinkMetric::Inserted,
+                metrics.num_target_rows_inserted,
             );
-            ctx.metrics.note(
-                format!("{}.updated", self.name()),
-                metrics.num_target_rows_updated.to_string(),
-            );
+            ctx.metrics
+                .record(&sink, SinkMetric::Updated, metrics.num_target_rows_updated);
             if table.version() == before {
                 // Nothing changed, so nothing was committed: record the transaction alone.
                 commit(table, vec![RecordBatch::new_empty(schema)]).await?
             } else {
-                fault::hit("delta-after-commit", id).map_err(|source| DeltaSinkError::Engine {
-                    table: self.path.clone(),
-                    batch_id: id,
-                    source,
-                })?;
+                fault::hit(POINT_AFTER_COMMIT, id).map_err(self.engine(id))?;
                 table
             }
         };
         ctx.metrics.add_output_rows(rows as u64);
-        if let Some(v) = table.version() {
-            ctx.metrics
-                .note(format!("{}.version", self.name()), v.to_string());
-        }
-        maybe_optimize(table, self.optimize_every, &self.path, id).await
+        note_version(ctx, &sink, &table);
+        let table = maybe_optimize(table, self.optimize_every, &self.at, id).await?;
+        self.table.put(table).await;
+        Ok(())
     }
 
     /// `t.<col> IN (<distinct values of col in the batch>)`.
@@ -269,7 +344,7 @@ impl DeltaMerge {
                 .schema()
                 .index_of(column)
                 .map_err(|_| DeltaSinkError::Config {
-                    table: self.path.clone(),
+                    table: self.at.to_string(),
                     key: "prune-by",
                     reason: format!("the batch has no column '{column}'"),
                 })?;
@@ -316,7 +391,7 @@ impl DeltaMerge {
             })
             .unwrap_or(2);
         Err(DeltaSinkError::DuplicateKey {
-            table: self.path.clone(),
+            table: self.at.to_string(),
             batch_id: id,
             key: key.join(", "),
             count: n,
@@ -326,6 +401,33 @@ impl DeltaMerge {
 
 fn qualified(alias: &str, name: &str) -> Expr {
     Expr::Column(Column::new(Some(alias), name))
+}
+
+/// `s` is greater than `t` in the lexicographic order of `columns`, NULL lowest:
+/// `gt(c0) OR (eq(c0) AND (gt(c1) OR (eq(c1) AND ...)))`.
+pub(crate) fn newer(columns: &[String]) -> Expr {
+    let gt = |c: &str| {
+        qualified("s", c).is_not_null().and(
+            qualified("t", c)
+                .is_null()
+                .or(qualified("s", c).gt(qualified("t", c))),
+        )
+    };
+    let eq = |c: &str| {
+        binary_expr(
+            qualified("s", c),
+            Operator::IsNotDistinctFrom,
+            qualified("t", c),
+        )
+    };
+    let mut expr: Option<Expr> = None;
+    for c in columns.iter().rev() {
+        expr = Some(match expr {
+            None => gt(c),
+            Some(rest) => gt(c).or(eq(c).and(rest)),
+        });
+    }
+    expr.unwrap_or_else(|| lit(false))
 }
 
 #[async_trait]

@@ -1,29 +1,57 @@
-//! Opening tables, reading the recorded application version, reading rows back.
+//! Opening tables, the cached table between batches, the recorded application version,
+//! reading rows back.
 
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
 
-use deltalake::DeltaTable;
+use deltalake::{DeltaTable, DeltaTableBuilder};
+use tokio::sync::Mutex;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
+use weir_core::storage::Location;
+use weir_core::{BatchContext, SinkMetric};
 
 use crate::error::DeltaSinkError;
+use crate::store;
 
-/// Opens the table at `path` (a local folder), which may not exist yet.
-pub(crate) async fn open(path: &Path, batch_id: u64) -> Result<DeltaTable, DeltaSinkError> {
+/// Opens the table at `at` (which may not exist yet: the first write creates it).
+pub async fn open(at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkError> {
+    store::register();
+    // delta-rs refuses a local folder that does not exist yet; the first write creates
+    // the table in it.
+    at.create_dir()
+        .await
+        .map_err(|source| DeltaSinkError::Engine {
+            table: at.to_string(),
+            batch_id,
+            source,
+        })?;
     let err = |action, source| DeltaSinkError::Delta {
-        table: path.to_path_buf(),
+        table: at.to_string(),
         batch_id,
         action,
         source,
     };
-    let abs = absolute(path);
-    let url = deltalake::ensure_table_uri(abs.to_string_lossy())
-        .map_err(|e| err("resolving the table location", e))?;
-    DeltaTable::try_from_url(url)
-        .await
-        .map_err(|e| err("opening the table", e))
+    let url = url::Url::parse(&at.url_string()).map_err(|e| {
+        err(
+            "resolving the table location",
+            deltalake::DeltaTableError::Generic(e.to_string()),
+        )
+    })?;
+    let options: HashMap<String, String> = at
+        .options()
+        .as_map()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut table = DeltaTableBuilder::from_url(url)
+        .and_then(|b| b.with_storage_options(options).build())
+        .map_err(|e| err("opening the table", e))?;
+    match table.load().await {
+        Ok(()) | Err(deltalake::DeltaTableError::NotATable(_)) => Ok(table),
+        Err(e) => Err(err("loading the table", e)),
+    }
 }
 
-/// The version recorded for `app_id` in the table (`None`: no table, or never written).
+/// The version recorded for `app_id` (`None`: no table, or never written).
 pub(crate) async fn recorded(
     table: &DeltaTable,
     app_id: &str,
@@ -37,29 +65,29 @@ pub(crate) async fn recorded(
         .await
 }
 
-/// The application version that the table at `path` records for `app_id`.
-pub async fn recorded_version(path: &Path, app_id: &str) -> Result<Option<i64>, DeltaSinkError> {
-    let table = open(path, 0).await?;
+/// The application version that the table at `at` records for `app_id`.
+pub async fn recorded_version(at: &Location, app_id: &str) -> Result<Option<i64>, DeltaSinkError> {
+    let table = open(at, 0).await?;
     recorded(&table, app_id)
         .await
         .map_err(|source| DeltaSinkError::Delta {
-            table: path.to_path_buf(),
+            table: at.to_string(),
             batch_id: 0,
             action: "reading the application transaction",
             source,
         })
 }
 
-/// The table's current version (`None` when there is no table at `path` yet).
-pub async fn table_version(path: &Path) -> Result<Option<u64>, DeltaSinkError> {
-    Ok(open(path, 0).await?.version())
+/// The table's current version (`None` when there is no table yet).
+pub async fn table_version(at: &Location) -> Result<Option<u64>, DeltaSinkError> {
+    Ok(open(at, 0).await?.version())
 }
 
 /// The table's current rows as a DataFrame on `ctx`.
-pub async fn read_table(ctx: &SessionContext, path: &Path) -> Result<DataFrame, DeltaSinkError> {
-    let table = open(path, 0).await?;
+pub async fn read_table(ctx: &SessionContext, at: &Location) -> Result<DataFrame, DeltaSinkError> {
+    let table = open(at, 0).await?;
     let err = |action, source| DeltaSinkError::Delta {
-        table: path.to_path_buf(),
+        table: at.to_string(),
         batch_id: 0,
         action,
         source,
@@ -75,73 +103,162 @@ pub async fn read_table(ctx: &SessionContext, path: &Path) -> Result<DataFrame, 
     })?;
     ctx.read_table(provider)
         .map_err(|source| DeltaSinkError::DataFusion {
-            table: path.to_path_buf(),
+            table: at.to_string(),
             batch_id: 0,
             action: "reading the table",
             source,
         })
 }
 
-pub(crate) fn absolute(path: &Path) -> PathBuf {
-    if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map(|d| d.join(path))
-            .unwrap_or_else(|_| path.to_path_buf())
+/// A sink's table, kept open between batches: each batch catches up on new commits
+/// (others' included) instead of loading the table from scratch.
+#[derive(Debug)]
+pub(crate) struct Cached {
+    table: Mutex<Option<DeltaTable>>,
+}
+
+impl Cached {
+    pub fn new() -> Self {
+        Cached {
+            table: Mutex::new(None),
+        }
+    }
+
+    /// The table, brought up to date. The caller gives it back with [`Self::put`] after a
+    /// successful write; after a failure it is simply dropped and reopened next time.
+    pub async fn take(&self, at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkError> {
+        let cached = self.table.lock().await.take();
+        match cached {
+            Some(mut t) if t.version().is_some() => {
+                t.update_incremental(None)
+                    .await
+                    .map_err(|source| DeltaSinkError::Delta {
+                        table: at.to_string(),
+                        batch_id,
+                        action: "reading new commits of the table",
+                        source,
+                    })?;
+                Ok(t)
+            }
+            _ => open(at, batch_id).await,
+        }
+    }
+
+    pub async fn put(&self, table: DeltaTable) {
+        *self.table.lock().await = Some(table);
     }
 }
 
-/// An open table and whether batch `batch_id` still has to be written to it.
+/// The table, when batch `batch_id` still has to be written to it (`None`: skipped, the
+/// table went back to the cache), and the app id.
 pub(crate) struct Prepared {
-    pub table: DeltaTable,
+    pub table: Option<DeltaTable>,
     pub app_id: String,
-    /// False when the table already records this batch for the app id.
-    pub write: bool,
 }
 
-/// Opens the table and reads the version recorded for the app id; logs and counts a skip.
+/// Whether batch `batch_id` must be written given the version the table records for the app
+/// id: a pure decision. `Err` when the recorded version cannot come from this query: beyond
+/// the batch, or equal to it on a first attempt (this query never ran the batch before).
+pub fn decide_write(recorded: Option<i64>, batch_id: u64, is_replay: bool) -> Result<bool, i64> {
+    let id = batch_id as i64;
+    match recorded {
+        None => Ok(true),
+        Some(v) if v < id => Ok(true),
+        Some(v) if v == id && is_replay => Ok(false),
+        Some(v) => Err(v),
+    }
+}
+
+/// Brings the table up to date, reads the version recorded for the app id, and decides.
 pub(crate) async fn prepare(
-    path: &Path,
+    cached: &Cached,
+    at: &Location,
     sink: &str,
     explicit_app_id: Option<&str>,
-    ctx: &weir_core::BatchContext,
+    allow_app_id_reuse: bool,
+    ctx: &BatchContext,
 ) -> Result<Prepared, DeltaSinkError> {
     let batch_id = ctx.batch_id;
-    let table = open(path, batch_id).await?;
+    let table = cached.take(at, batch_id).await?;
     let app_id = explicit_app_id.map_or_else(|| ctx.app_id(), str::to_string);
     let version = recorded(&table, &app_id)
         .await
         .map_err(|source| DeltaSinkError::Delta {
-            table: path.to_path_buf(),
+            table: at.to_string(),
             batch_id,
             action: "reading the application transaction",
             source,
         })?;
-    if explicit_app_id.is_some()
-        && ctx.checkpoint_is_new
-        && batch_id == 0
-        && let Some(v) = version
-    {
-        tracing::warn!(
-            table = %path.display(),
-            "the checkpoint is new (batch ids start again at 0) but the table already records \
-             version {v} for app id '{app_id}': batches up to {v} will be skipped as already \
-             written; give this query a new app id"
-        );
-    }
-    let done = version.is_some_and(|v| v >= batch_id as i64);
-    if done {
+    let write = match decide_write(version, batch_id, ctx.is_replay) {
+        Ok(w) => w,
+        Err(v) if allow_app_id_reuse => {
+            tracing::warn!(
+                table = %at,
+                "batch {batch_id} skipped: the table records version {v} for app id '{app_id}' \
+                 (allow-app-id-reuse is on)"
+            );
+            false
+        }
+        Err(v) => {
+            return Err(DeltaSinkError::AppIdInUse {
+                table: at.to_string(),
+                batch_id,
+                app_id,
+                recorded: v,
+            });
+        }
+    };
+    if !write {
         tracing::info!(
-            table = %path.display(),
+            table = %at,
             "batch {batch_id} skipped: the table already records version {} for app id '{app_id}'",
             version.unwrap_or_default()
         );
         ctx.metrics.add_skipped(sink);
+        cached.put(table).await;
+        return Ok(Prepared {
+            table: None,
+            app_id,
+        });
     }
     Ok(Prepared {
-        table,
+        table: Some(table),
         app_id,
-        write: !done,
     })
+}
+
+/// Records the version a commit made in the batch's progress.
+pub(crate) fn note_version(ctx: &BatchContext, sink: &str, table: &DeltaTable) {
+    if let Some(v) = table.version() {
+        ctx.metrics.record(sink, SinkMetric::Version, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decide_write;
+
+    #[test]
+    fn a_recorded_version_is_a_skip_only_for_a_replay_of_that_batch() {
+        // (recorded, batch, replay) -> decision
+        type Case = (Option<i64>, u64, bool, Result<bool, i64>);
+        let cases: &[Case] = &[
+            (None, 0, false, Ok(true)),
+            (Some(2), 3, false, Ok(true)),
+            (Some(2), 3, true, Ok(true)),
+            (Some(3), 3, true, Ok(false)),
+            // A first attempt never finds its own version: another query wrote it.
+            (Some(3), 3, false, Err(3)),
+            // Beyond the batch: another query (an old checkpoint) went further.
+            (Some(57), 0, false, Err(57)),
+            (Some(57), 0, true, Err(57)),
+        ];
+        for (rec, id, replay, want) in cases {
+            assert_eq!(
+                decide_write(*rec, *id, *replay),
+                *want,
+                "{rec:?} {id} {replay}"
+            );
+        }
+    }
 }

@@ -5,6 +5,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 
 use crate::error::KafkaSourceError;
+use crate::options::KafkaOptions;
 
 /// Creates `topic` with `partitions` partitions (replication 1) on `bootstrap`.
 pub async fn create_topic(
@@ -31,4 +32,28 @@ pub async fn create_topic(
         r.map_err(|(_, code)| kafka_err(rdkafka::error::KafkaError::AdminOp(code)))?;
     }
     Ok(())
+}
+
+/// The latest offset (high watermark) of every partition of `topic`.
+pub async fn end_offsets(
+    bootstrap: &str,
+    topic: &str,
+) -> Result<std::collections::BTreeMap<i32, i64>, KafkaSourceError> {
+    let opts = KafkaOptions::new(bootstrap, [topic]);
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        let c = crate::client::consumer(&opts)?;
+        let mut out = std::collections::BTreeMap::new();
+        for (t, p) in crate::client::partitions(&c, &opts)? {
+            if t == topic {
+                out.insert(p, crate::client::watermarks(&c, &t, p)?.1);
+            }
+        }
+        Ok(out)
+    })
+    .await
+    .map_err(|e| KafkaSourceError::Invalid {
+        what: "Kafka task".into(),
+        reason: e.to_string(),
+    })?
 }

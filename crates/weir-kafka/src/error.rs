@@ -21,6 +21,14 @@ pub enum KafkaSourceError {
         detail: String,
     },
 
+    /// The broker answered topic metadata with an error: the batch is not planned on it.
+    #[error("topic {topic}{}: metadata error: {detail}; the batch fails rather than treat the partitions as gone", partition.map(|p| format!(" partition {p}")).unwrap_or_default())]
+    Metadata {
+        topic: String,
+        partition: Option<i32>,
+        detail: String,
+    },
+
     /// A value could not be parsed in FAILFAST mode.
     #[error("malformed record in topic {topic} partition {partition} at offset {offset}: {reason}")]
     Malformed {

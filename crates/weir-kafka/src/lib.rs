@@ -7,15 +7,23 @@
 //! next offset to read per partition. The first batch's starting offsets are recorded in
 //! `<checkpoint>/sources/0/0` before it runs, as Spark does, so a replay of batch 0 does not
 //! depend on where `earliest` or `latest` has moved since.
+//!
+//! librdkafka is built by its own `./configure` with OpenSSL (TLS, SASL PLAIN, SCRAM,
+//! OAUTHBEARER) and every codec (gzip, snappy, lz4, zstd); `kafka.*` settings pass through.
 
 mod admin;
+mod client;
+mod config;
 mod error;
+mod offsets;
 mod options;
 mod read;
 mod source;
 
-pub use admin::create_topic;
+pub use admin::{create_topic, end_offsets};
+pub use config::{KafkaConfig, ValueFormatName};
 pub use error::KafkaSourceError;
+pub use offsets::{check_loss, split_limit};
 pub use options::{BadRecordMode, KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
 pub use source::KafkaSource;
 

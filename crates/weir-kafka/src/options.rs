@@ -1,9 +1,11 @@
-//! Options with Spark's names.
+//! Options with Spark's names, parsed once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
+pub use weir_core::source::BadRecordMode;
 
 use crate::PartitionOffsets;
 
@@ -15,7 +17,7 @@ pub enum Subscribe {
 }
 
 /// `startingOffsets`: where the first batch starts.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartingOffsets {
     Earliest,
     Latest,
@@ -23,19 +25,75 @@ pub enum StartingOffsets {
     Explicit(PartitionOffsets),
 }
 
-/// What a malformed JSON value does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BadRecordMode {
-    /// Stop the query with an error naming topic, partition and offset.
-    FailFast,
-    /// Keep the row: columns null, the raw value in `_corrupt_record`.
-    Permissive,
+impl std::str::FromStr for StartingOffsets {
+    type Err = String;
+
+    /// `earliest`, `latest`, or Spark's JSON `{"orders":{"0":42,"1":-2}}`. Anything else
+    /// is refused (a bare number, a topic without partitions, an offset below -2).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "earliest" => return Ok(StartingOffsets::Earliest),
+            "latest" => return Ok(StartingOffsets::Latest),
+            _ => {}
+        }
+        let shape = || {
+            format!(
+                "'{s}' is not earliest, latest or {{\"topic\":{{\"partition\":offset}}}} \
+                 (offset -2 = earliest, -1 = latest)"
+            )
+        };
+        let v: serde_json::Value = serde_json::from_str(s).map_err(|_| shape())?;
+        let topics = v.as_object().ok_or_else(shape)?;
+        if topics.is_empty() {
+            return Err(shape());
+        }
+        let mut out = PartitionOffsets::new();
+        for (t, ps) in topics {
+            let ps = ps.as_object().ok_or_else(shape)?;
+            if ps.is_empty() {
+                return Err(format!("topic '{t}' in '{s}' lists no partition"));
+            }
+            for (p, o) in ps {
+                let p: i32 = p
+                    .parse()
+                    .ok()
+                    .filter(|p| *p >= 0)
+                    .ok_or_else(|| format!("'{p}' in '{s}' is not a partition number"))?;
+                let o = o
+                    .as_i64()
+                    .filter(|o| *o >= -2)
+                    .ok_or_else(|| format!("'{o}' in '{s}' is not an offset (-2, -1 or >= 0)"))?;
+                out.entry(t.clone()).or_default().insert(p, o);
+            }
+        }
+        Ok(StartingOffsets::Explicit(out))
+    }
+}
+
+impl<'de> Deserialize<'de> for StartingOffsets {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for StartingOffsets {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            StartingOffsets::Earliest => s.serialize_str("earliest"),
+            StartingOffsets::Latest => s.serialize_str("latest"),
+            StartingOffsets::Explicit(m) => {
+                s.serialize_str(&crate::offsets::to_json(m).to_string())
+            }
+        }
+    }
 }
 
 /// How values become columns.
 #[derive(Debug, Clone)]
 pub enum ValueFormat {
-    /// Spark's columns: key, value (binary), topic, partition, offset, timestamp, timestampType.
+    /// Spark's columns: key, value (binary), topic, partition, offset, timestamp,
+    /// timestampType, headers.
     Raw,
     /// Each value is a JSON object parsed into `schema` (vectorized, with arrow-json).
     Json {
@@ -44,7 +102,8 @@ pub enum ValueFormat {
     },
 }
 
-/// Settings of a [`crate::KafkaSource`].
+/// Settings of a [`crate::KafkaSource`]. `minOffsetsPerTrigger` and `maxOffsetsPerTrigger`
+/// are read limits, set on the stream reader.
 #[derive(Clone)]
 pub struct KafkaOptions {
     /// `kafka.bootstrap.servers`.
@@ -57,27 +116,27 @@ pub struct KafkaOptions {
     /// Never logged.
     pub kafka: BTreeMap<String, String>,
     pub value_format: ValueFormat,
+    /// `includeHeaders`: a `headers` column (array of key/value structs) in the raw format.
+    pub include_headers: bool,
     /// How long a read may wait for records it knows exist (default 60 s).
     pub fetch_timeout: Duration,
-    /// `minOffsetsPerTrigger`: wait for at least this many new records in all partitions…
-    pub min_offsets_per_trigger: Option<u64>,
-    /// …but no longer than `maxTriggerDelay` (default 15 min) since the last batch.
-    pub max_trigger_delay: Duration,
 }
 
 impl KafkaOptions {
     /// Reads `topics` from `bootstrap_servers`, earliest first, failing on data loss, raw rows.
-    pub fn new(bootstrap_servers: impl Into<String>, topics: Vec<String>) -> Self {
+    pub fn new(
+        bootstrap_servers: impl Into<String>,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
         KafkaOptions {
             bootstrap_servers: bootstrap_servers.into(),
-            subscribe: Subscribe::Topics(topics),
+            subscribe: Subscribe::Topics(topics.into_iter().map(Into::into).collect()),
             starting_offsets: StartingOffsets::Earliest,
             fail_on_data_loss: true,
             kafka: BTreeMap::new(),
             value_format: ValueFormat::Raw,
+            include_headers: false,
             fetch_timeout: Duration::from_secs(60),
-            min_offsets_per_trigger: None,
-            max_trigger_delay: Duration::from_secs(15 * 60),
         }
     }
 }
@@ -89,6 +148,33 @@ impl std::fmt::Debug for KafkaOptions {
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("subscribe", &self.subscribe)
             .field("fail_on_data_loss", &self.fail_on_data_loss)
+            .field("kafka", &self.kafka.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starting_offsets_are_parsed_strictly() {
+        assert_eq!("earliest".parse(), Ok(StartingOffsets::Earliest));
+        assert_eq!("latest".parse(), Ok(StartingOffsets::Latest));
+        let StartingOffsets::Explicit(m) = r#"{"orders":{"0":42,"1":-2}}"#.parse().unwrap() else {
+            panic!()
+        };
+        assert_eq!(m["orders"][&0], 42);
+        for bad in [
+            "5",
+            r#"{"orders": 3}"#,
+            "{}",
+            r#"{"o":{}}"#,
+            r#"{"o":{"x":1}}"#,
+            r#"{"o":{"0":-3}}"#,
+            "earliest-ish",
+        ] {
+            assert!(bad.parse::<StartingOffsets>().is_err(), "{bad}");
+        }
     }
 }

@@ -4,25 +4,43 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rdkafka::consumer::Consumer;
-use rdkafka::message::{Message, Timestamp};
+use rdkafka::message::{Headers, Message, Timestamp};
 use rdkafka::{Offset, TopicPartitionList};
 use weir_core::datafusion::arrow::array::{
-    Array, ArrayRef, BinaryArray, BinaryBuilder, Int32Array, Int64Array, StringBuilder,
-    TimestampMillisecondArray,
+    Array, ArrayRef, BinaryArray, BinaryBuilder, Int32Array, Int64Array, ListBuilder,
+    StringBuilder, StructBuilder, TimestampMillisecondArray,
 };
-use weir_core::datafusion::arrow::compute::concat_batches;
-use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use weir_core::datafusion::arrow::json::ReaderBuilder;
+use weir_core::datafusion::arrow::datatypes::{
+    DataType, Field, Fields, Schema, SchemaRef, TimeUnit,
+};
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
+use weir_core::source::decode;
 
 use crate::PartitionOffsets;
+use crate::client::{consumer, watermarks};
 use crate::error::KafkaSourceError;
+use crate::offsets::check_loss;
 use crate::options::{BadRecordMode, KafkaOptions, ValueFormat};
-use crate::source::{check_loss, consumer, watermarks};
 
-/// Spark's Kafka columns.
-pub fn raw_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
+fn header_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("key", DataType::Utf8, false),
+        Field::new("value", DataType::Binary, true),
+    ])
+}
+
+fn headers_type() -> DataType {
+    DataType::List(Arc::new(Field::new(
+        "item",
+        DataType::Struct(header_fields()),
+        true,
+    )))
+}
+
+/// Spark's Kafka columns (with `headers`, an array of (key, value) structs, when
+/// `include_headers` is on, as Spark's `includeHeaders`).
+pub fn raw_schema(include_headers: bool) -> SchemaRef {
+    let mut fields = vec![
         Field::new("key", DataType::Binary, true),
         Field::new("value", DataType::Binary, true),
         Field::new("topic", DataType::Utf8, false),
@@ -34,24 +52,18 @@ pub fn raw_schema() -> SchemaRef {
             true,
         ),
         Field::new("timestampType", DataType::Int32, false),
-    ]))
+    ];
+    if include_headers {
+        fields.push(Field::new("headers", headers_type(), true));
+    }
+    Arc::new(Schema::new(fields))
 }
 
 /// The schema of the batches for a value format.
-pub fn output_schema(f: &ValueFormat) -> SchemaRef {
+pub fn output_schema(f: &ValueFormat, include_headers: bool) -> SchemaRef {
     match f {
-        ValueFormat::Raw => raw_schema(),
-        ValueFormat::Json { schema, mode } => {
-            let mut fields: Vec<Field> = schema
-                .fields()
-                .iter()
-                .map(|f| f.as_ref().clone().with_nullable(true))
-                .collect();
-            if *mode == BadRecordMode::Permissive {
-                fields.push(Field::new("_corrupt_record", DataType::Utf8, true));
-            }
-            Arc::new(Schema::new(fields))
-        }
+        ValueFormat::Raw => raw_schema(include_headers),
+        ValueFormat::Json { schema, mode } => decode::output_schema(schema, *mode),
     }
 }
 
@@ -68,6 +80,7 @@ struct Part {
     timestamp_types: Vec<i32>,
     keys: BinaryBuilder,
     values: BinaryBuilder,
+    headers: Option<ListBuilder<StructBuilder>>,
 }
 
 impl Part {
@@ -87,6 +100,7 @@ struct Records {
     timestamp_types: Vec<i32>,
     keys: BinaryArray,
     values: BinaryArray,
+    headers: Vec<ArrayRef>,
 }
 
 impl Records {
@@ -102,12 +116,16 @@ impl Records {
             timestamp_types: Vec::with_capacity(n),
             keys: BinaryArray::from(Vec::<Option<&[u8]>>::new()),
             values: BinaryArray::from(Vec::<Option<&[u8]>>::new()),
+            headers: Vec::new(),
         };
         let mut keys = BinaryBuilder::new();
         let mut values = BinaryBuilder::with_capacity(n, bytes);
         for (index, mut p) in parts.into_iter().enumerate() {
             let k = p.keys.finish();
             let v = p.values.finish();
+            if let Some(h) = p.headers.as_mut() {
+                r.headers.push(Arc::new(h.finish()));
+            }
             for i in 0..p.offsets.len() {
                 keys.append_option(k.is_valid(i).then(|| k.value(i)));
                 values.append_option(v.is_valid(i).then(|| v.value(i)));
@@ -139,24 +157,24 @@ impl Records {
     }
 }
 
-/// Reads every partition's `[begin, end)`; partitions missing from `begin` start at their
-/// earliest offset. Records come out ordered by (topic, partition, offset).
+/// Reads every partition's `[begin, end)`; partitions missing from `begin` (added since)
+/// start at 0, with the data-loss check. Records come out ordered by (topic, partition, offset).
 pub fn read(
     o: &KafkaOptions,
     begin: &PartitionOffsets,
     end: &PartitionOffsets,
 ) -> Result<RecordBatch, KafkaSourceError> {
     let c = consumer(o)?;
+    let include_headers = o.include_headers;
     let mut tpl = TopicPartitionList::new();
     // In (topic, partition) order: `end` is a sorted map of sorted maps.
     let mut parts: Vec<Part> = Vec::new();
     for (t, ps) in end {
         for (&p, &to) in ps {
             let (low, high) = watermarks(&c, t, p)?;
-            let from = match begin.get(t).and_then(|m| m.get(&p)) {
-                Some(&b) => check_loss(o.fail_on_data_loss, t, p, b, low, high)?,
-                None => low,
-            };
+            // A partition missing from `begin` was added since: it starts at 0, as in Spark.
+            let b = begin.get(t).and_then(|m| m.get(&p)).copied().unwrap_or(0);
+            let from = check_loss(o.fail_on_data_loss, t, p, b, low, high)?;
             if to > from {
                 tpl.add_partition_offset(t, p, Offset::Offset(from))
                     .map_err(|source| KafkaSourceError::Kafka {
@@ -175,6 +193,8 @@ pub fn read(
                     timestamp_types: Vec::with_capacity(n),
                     keys: BinaryBuilder::new(),
                     values: BinaryBuilder::with_capacity(n, n * 64),
+                    headers: include_headers
+                        .then(|| ListBuilder::new(StructBuilder::from_fields(header_fields(), 0))),
                 });
             }
         }
@@ -213,6 +233,21 @@ pub fn read(
                     part.timestamp_types.push(timestamp_type);
                     part.keys.append_option(m.key());
                     part.values.append_option(m.payload());
+                    if let Some(hb) = part.headers.as_mut() {
+                        if let Some(hs) = m.headers() {
+                            let sb = hb.values();
+                            for h in hs.iter() {
+                                if let Some(k) = sb.field_builder::<StringBuilder>(0) {
+                                    k.append_value(h.key);
+                                }
+                                if let Some(v) = sb.field_builder::<BinaryBuilder>(1) {
+                                    v.append_option(h.value);
+                                }
+                                sb.append(true);
+                            }
+                        }
+                        hb.append(true);
+                    }
                     part.next = m.offset() + 1;
                     progressed = true;
                 }
@@ -260,18 +295,18 @@ pub fn read(
     }
     let records = Records::from_parts(parts);
     match &o.value_format {
-        ValueFormat::Raw => raw_batch(&records),
+        ValueFormat::Raw => raw_batch(&records, include_headers),
         ValueFormat::Json { schema, mode } => json_batch(&records, schema, *mode),
     }
 }
 
-fn raw_batch(r: &Records) -> Result<RecordBatch, KafkaSourceError> {
+fn raw_batch(r: &Records, include_headers: bool) -> Result<RecordBatch, KafkaSourceError> {
     let mut topic = StringBuilder::new();
     for i in 0..r.len() {
         topic.append_value(r.topic(i));
     }
     let ts = TimestampMillisecondArray::from(r.timestamps.clone()).with_timezone("UTC");
-    let cols: Vec<ArrayRef> = vec![
+    let mut cols: Vec<ArrayRef> = vec![
         Arc::new(r.keys.clone()),
         Arc::new(r.values.clone()),
         Arc::new(topic.finish()),
@@ -280,28 +315,24 @@ fn raw_batch(r: &Records) -> Result<RecordBatch, KafkaSourceError> {
         Arc::new(ts),
         Arc::new(Int32Array::from(r.timestamp_types.clone())),
     ];
-    RecordBatch::try_new(raw_schema(), cols).map_err(|e| KafkaSourceError::Invalid {
+    if include_headers {
+        let parts: Vec<&dyn Array> = r.headers.iter().map(|a| a.as_ref()).collect();
+        let headers = if parts.is_empty() {
+            weir_core::datafusion::arrow::array::new_empty_array(&headers_type())
+        } else {
+            weir_core::datafusion::arrow::compute::concat(&parts).map_err(|e| {
+                KafkaSourceError::Invalid {
+                    what: "Kafka headers".into(),
+                    reason: e.to_string(),
+                }
+            })?
+        };
+        cols.push(headers);
+    }
+    RecordBatch::try_new(raw_schema(include_headers), cols).map_err(|e| KafkaSourceError::Invalid {
         what: "Kafka batch".into(),
         reason: e.to_string(),
     })
-}
-
-fn decode(schema: &SchemaRef, bytes: &[u8], rows: usize) -> Result<RecordBatch, String> {
-    let mut d = ReaderBuilder::new(schema.clone())
-        .with_batch_size(rows.max(1))
-        .build_decoder()
-        .map_err(|e| e.to_string())?;
-    let used = d.decode(bytes).map_err(|e| e.to_string())?;
-    if used != bytes.len() {
-        return Err("trailing bytes after the JSON value".into());
-    }
-    if d.len() != rows {
-        return Err(format!("expected {rows} JSON object(s), found {}", d.len()));
-    }
-    match d.flush().map_err(|e| e.to_string())? {
-        Some(b) => Ok(b),
-        None => Ok(RecordBatch::new_empty(schema.clone())),
-    }
 }
 
 /// Parses all values at once (vectorized); only when that fails, value by value to find
@@ -311,78 +342,34 @@ fn json_batch(
     schema: &SchemaRef,
     mode: BadRecordMode,
 ) -> Result<RecordBatch, KafkaSourceError> {
-    let out = output_schema(&ValueFormat::Json {
-        schema: schema.clone(),
-        mode,
-    });
-    let parse_schema = Arc::new(Schema::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect::<Vec<_>>(),
-    ));
-    // One value per line: a null value parses as `{}` (all columns null); newlines inside
-    // a value can only be JSON whitespace, so they are dropped.
-    let push_line = |out: &mut Vec<u8>, v: Option<&[u8]>| {
-        let v = v.unwrap_or(b"{}");
-        if v.contains(&b'\n') {
-            out.extend(v.iter().filter(|&&b| b != b'\n'));
-        } else {
-            out.extend_from_slice(v);
-        }
-        out.push(b'\n');
-    };
-    let n = records.len();
-    let mut all = Vec::with_capacity(records.values.values().len() + 3 * n);
-    for i in 0..n {
-        push_line(&mut all, records.value(i));
-    }
     let invalid = |e: String| KafkaSourceError::Invalid {
         what: "JSON batch".into(),
         reason: e,
     };
-    let with_corrupt =
-        |b: RecordBatch, corrupt: Vec<Option<String>>| -> Result<RecordBatch, KafkaSourceError> {
-            if mode == BadRecordMode::FailFast {
-                return Ok(b);
-            }
-            let mut cols = b.columns().to_vec();
-            cols.push(Arc::new(
-                weir_core::datafusion::arrow::array::StringArray::from(corrupt),
-            ));
-            RecordBatch::try_new(out.clone(), cols).map_err(|e| invalid(e.to_string()))
-        };
-    if let Ok(b) = decode(&parse_schema, &all, n) {
-        return with_corrupt(b, vec![None; n]);
-    }
-    let mut parts = Vec::with_capacity(n);
-    let mut corrupt = Vec::with_capacity(n);
-    let mut one = Vec::new();
+    // One value per line: a null value parses as `{}` (all columns null); newlines inside
+    // a value can only be JSON whitespace, so they are dropped.
+    let n = records.len();
+    let mut all = Vec::with_capacity(records.values.values().len() + 3 * n);
     for i in 0..n {
-        one.clear();
-        push_line(&mut one, records.value(i));
-        match decode(&parse_schema, &one, 1) {
-            Ok(b) => {
-                parts.push(b);
-                corrupt.push(None);
-            }
-            Err(reason) if mode == BadRecordMode::FailFast => {
-                return Err(KafkaSourceError::Malformed {
-                    topic: records.topic(i).to_string(),
-                    partition: records.partitions[i],
-                    offset: records.offsets[i],
-                    reason,
-                });
-            }
-            Err(_) => {
-                parts.push(decode(&parse_schema, b"{}\n", 1).map_err(invalid)?);
-                corrupt.push(Some(
-                    String::from_utf8_lossy(records.value(i).unwrap_or_default()).into_owned(),
-                ));
-            }
+        let v = records.value(i).unwrap_or(b"{}");
+        if v.contains(&b'\n') {
+            all.extend(v.iter().filter(|&&b| b != b'\n'));
+        } else {
+            all.extend_from_slice(v);
         }
+        all.push(b'\n');
     }
-    let b = concat_batches(&parse_schema, &parts).map_err(|e| invalid(e.to_string()))?;
-    with_corrupt(b, corrupt)
+    if let Ok(b) = decode::json_all(schema, &all, Some(n)) {
+        return decode::with_corrupt(b, schema, mode, None).map_err(invalid);
+    }
+    let values: Vec<Option<&[u8]>> = (0..n).map(|i| records.value(i)).collect();
+    match decode::json_each(schema, &values, mode) {
+        Ok(d) => Ok(d.batch),
+        Err(m) => Err(KafkaSourceError::Malformed {
+            topic: records.topic(m.index).to_string(),
+            partition: records.partitions[m.index],
+            offset: records.offsets[m.index],
+            reason: m.reason,
+        }),
+    }
 }

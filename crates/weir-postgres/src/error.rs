@@ -44,6 +44,34 @@ pub enum PostgresSinkError {
         data_type: String,
     },
 
+    /// A value cannot be written exactly (a timestamp outside PostgreSQL's range, ...);
+    /// nothing was written.
+    #[error(
+        "PostgreSQL table {table}: batch {batch_id}: column '{column}': {reason}; nothing was written"
+    )]
+    BadValue {
+        table: String,
+        batch_id: u64,
+        column: String,
+        reason: String,
+    },
+
+    /// The ledger holds this batch for the app id although this is the batch's first
+    /// attempt: another query (or an older checkpoint) uses the same ledger key.
+    #[error(
+        "PostgreSQL table {table}: batch {batch_id}: the ledger {ledger} already holds batch \
+         {batch_id} for '{app_id}', which this query did not write (a new checkpoint starts again \
+         at batch 0, or another query uses the same app id). Writing would skip this query's \
+         batches: give the sink a new app-id (or leave it unset: the default is unique per \
+         checkpoint), or set allow-app-id-reuse = true if skipping them is what you mean"
+    )]
+    AppIdInUse {
+        table: String,
+        batch_id: u64,
+        ledger: String,
+        app_id: String,
+    },
+
     /// A setting is unusable; `key` names it.
     #[error("PostgreSQL table {table}: invalid setting '{key}': {reason}")]
     Config {

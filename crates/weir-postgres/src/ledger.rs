@@ -135,6 +135,14 @@ impl PostgresLedger {
             .await
             .map_err(|e| db("claiming the batch", e))?
         {
+            if !ctx.is_replay {
+                return Err(PostgresSinkError::AppIdInUse {
+                    table: self.ledger.clone(),
+                    batch_id: id,
+                    ledger: self.ledger.clone(),
+                    app_id,
+                });
+            }
             tx.commit().await.map_err(|e| db("COMMIT", e))?;
             ctx.metrics
                 .add_skipped(&format!("postgres-ledger {}", self.ledger));

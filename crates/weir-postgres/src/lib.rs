@@ -19,15 +19,43 @@
 //!   for writers that cannot share one transaction.
 //! - [`PostgresLedger`]: makes any transactional SQL of yours exactly-once per batch.
 
+mod config;
 mod error;
 mod ledger;
 mod types;
 mod upsert;
 
+pub use config::{DEFAULT_LEDGER, LoadName, PostgresReader, PostgresUpsertConfig};
 pub use error::PostgresSinkError;
 pub use ledger::PostgresLedger;
 pub use types::pg_type;
 pub use upsert::{LoadMode, PostgresUpsert};
+
+/// With a persistent staging table: after the batch's rows are staged (outside the
+/// transaction).
+pub const POINT_AFTER_STAGING: &str = "pg-after-staging";
+/// Before `BEGIN`.
+pub const POINT_BEFORE_BEGIN: &str = "pg-before-begin";
+/// Inside the transaction, after the rows are copied into the temp table.
+pub const POINT_AFTER_COPY: &str = "pg-after-copy";
+/// Inside the transaction, before `COMMIT`.
+pub const POINT_BEFORE_COMMIT: &str = "pg-before-commit";
+/// After `COMMIT`.
+pub const POINT_AFTER_COMMIT: &str = "pg-after-commit";
+
+/// The fault points of an upsert, in the order a batch passes them.
+pub fn upsert_points(staging: bool) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if staging {
+        out.push(POINT_AFTER_STAGING);
+    }
+    out.push(POINT_BEFORE_BEGIN);
+    if !staging {
+        out.push(POINT_AFTER_COPY);
+    }
+    out.extend([POINT_BEFORE_COMMIT, POINT_AFTER_COMMIT]);
+    out
+}
 
 /// tokio-postgres, re-exported for `PostgresLedger::run_once` closures.
 pub use tokio_postgres;

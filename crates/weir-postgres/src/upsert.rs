@@ -10,10 +10,16 @@ use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::{BatchContext, BoxError, ForeachBatch, dedupe_latest, fault};
 
+use weir_core::sink::upsert::{apply_null_rules, order_columns};
+use weir_core::{NullKeys, NullOrdering, SinkMetric};
+
 use crate::error::PostgresSinkError;
 use crate::ledger::{Conn, claim};
-use crate::types::{Cell, cell, pg_type};
-use crate::{quote_ident, quote_list};
+use crate::types::{is_text, pg_type, prepare_columns};
+use crate::{
+    POINT_AFTER_COMMIT, POINT_AFTER_COPY, POINT_AFTER_STAGING, POINT_BEFORE_BEGIN,
+    POINT_BEFORE_COMMIT, quote_ident, quote_list,
+};
 
 /// How rows reach the temp table inside the transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -27,10 +33,11 @@ pub enum LoadMode {
 }
 
 /// Upserts each batch into a PostgreSQL table by key, newest `ordering` wins, exactly once
-/// per batch id. See the crate docs for the transaction it runs.
-#[derive(Debug)]
+/// per batch id. See the crate docs for the transaction it runs. Cheap to clone (clones
+/// share the connection).
+#[derive(Debug, Clone)]
 pub struct PostgresUpsert {
-    conn: Conn,
+    conn: std::sync::Arc<Conn>,
     table: String,
     keys: Vec<String>,
     ordering: String,
@@ -40,12 +47,16 @@ pub struct PostgresUpsert {
     create_table: bool,
     staging: Option<String>,
     load: LoadMode,
+    allow_app_id_reuse: bool,
+    null_keys: NullKeys,
+    null_ordering: NullOrdering,
 }
 
 struct Columns {
     names: Vec<String>,
     types: Vec<Type>,
     sql_types: Vec<String>,
+    text: Vec<bool>,
 }
 
 impl PostgresUpsert {
@@ -54,21 +65,56 @@ impl PostgresUpsert {
     pub fn new(
         url: impl Into<String>,
         table: impl Into<String>,
-        keys: Vec<String>,
+        keys: impl IntoIterator<Item = impl Into<String>>,
         ordering: impl Into<String>,
     ) -> Self {
         PostgresUpsert {
-            conn: Conn::new(url.into()),
+            conn: std::sync::Arc::new(Conn::new(url.into())),
             table: table.into(),
-            keys,
+            keys: keys.into_iter().map(Into::into).collect(),
             ordering: ordering.into(),
-            ledger: "weir_batches".into(),
+            ledger: crate::DEFAULT_LEDGER.into(),
             app_id: None,
             dedupe: true,
             create_table: false,
             staging: None,
             load: LoadMode::Copy,
+            allow_app_id_reuse: false,
+            null_keys: NullKeys::Error,
+            null_ordering: NullOrdering::Error,
         }
+    }
+
+    /// Skip (with a warning) instead of failing when the ledger holds a batch of the app id
+    /// that this query cannot have written.
+    pub fn allow_app_id_reuse(mut self, yes: bool) -> Self {
+        self.allow_app_id_reuse = yes;
+        self
+    }
+
+    /// What rows with a NULL key do (default: the batch fails, naming them).
+    pub fn null_keys(mut self, rule: NullKeys) -> Self {
+        self.null_keys = rule;
+        self
+    }
+
+    /// What rows with a NULL ordering value do (default: the batch fails, naming them).
+    pub fn null_ordering(mut self, rule: NullOrdering) -> Self {
+        self.null_ordering = rule;
+        self
+    }
+
+    /// The target table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The ledger key this sink uses for `query`: the default app id and the table, so two
+    /// upserts of one query into one database do not hide each other.
+    pub fn ledger_key(&self, query: &weir_core::connector::QueryIdentity) -> String {
+        self.app_id
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}", query.default_app_id(), self.table))
     }
 
     /// How rows reach the temp table (default binary COPY).
@@ -109,7 +155,8 @@ impl PostgresUpsert {
         self
     }
 
-    fn name(&self) -> String {
+    /// The sink's name in progress and errors.
+    pub fn label(&self) -> String {
         format!("postgres-upsert {}", self.table)
     }
 
@@ -140,6 +187,7 @@ impl PostgresUpsert {
             names: Vec::new(),
             types: Vec::new(),
             sql_types: Vec::new(),
+            text: Vec::new(),
         };
         for f in schema.fields() {
             let (t, s) =
@@ -151,6 +199,7 @@ impl PostgresUpsert {
             c.names.push(f.name().clone());
             c.types.push(t);
             c.sql_types.push(s);
+            c.text.push(is_text(f.data_type()));
         }
         for k in self.keys.iter().chain(std::iter::once(&self.ordering)) {
             if !c.names.contains(k) {
@@ -189,10 +238,10 @@ impl PostgresUpsert {
         let action = if updates.is_empty() {
             "DO NOTHING".to_string()
         } else {
-            let o = quote_ident(&self.ordering);
             format!(
-                "DO UPDATE SET {} WHERE t.{o} < EXCLUDED.{o}",
-                updates.join(", ")
+                "DO UPDATE SET {} WHERE {}",
+                updates.join(", "),
+                self.newer_sql(cols)
             )
         };
         // In key order the primary-key index is walked page after page instead of at random:
@@ -204,10 +253,43 @@ impl PostgresUpsert {
         )
     }
 
+    /// `EXCLUDED` (the incoming row) is greater than `t` (the stored one) in the total
+    /// order of `weir_core::sink::upsert`: the ordering column, then the other non-key
+    /// columns, NULL lowest, text in byte order (`COLLATE "C"`, as Arrow compares).
+    fn newer_sql(&self, cols: &Columns) -> String {
+        let order = order_columns(&cols.names, &self.keys, &self.ordering);
+        let side = |alias: &str, c: &str| {
+            let text = cols
+                .names
+                .iter()
+                .position(|n| n == c)
+                .is_some_and(|i| cols.text[i]);
+            let q = format!("{alias}.{}", quote_ident(c));
+            if text {
+                format!("{q} COLLATE \"C\"")
+            } else {
+                q
+            }
+        };
+        let mut expr: Option<String> = None;
+        for c in order.iter().rev() {
+            let (s, t) = (side("EXCLUDED", c), side("t", c));
+            let q = quote_ident(c);
+            let gt = format!("(EXCLUDED.{q} IS NOT NULL AND (t.{q} IS NULL OR {s} > {t}))");
+            expr = Some(match expr {
+                None => gt,
+                Some(rest) => {
+                    format!("({gt} OR (EXCLUDED.{q} IS NOT DISTINCT FROM t.{q} AND {rest}))")
+                }
+            });
+        }
+        expr.unwrap_or_else(|| "false".into())
+    }
+
     async fn copy_rows(
         sink: CopyInSink<bytes::Bytes>,
         cols: &Columns,
-        batches: &[RecordBatch],
+        batches: &[crate::types::Prepared],
         extra: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, tokio_postgres::Error> {
         let mut types = cols.types.clone();
@@ -216,10 +298,9 @@ impl PostgresUpsert {
         }
         let writer = BinaryCopyInWriter::new(sink, &types);
         pin_mut!(writer);
-        for b in batches {
-            let arrays = b.columns();
-            for row in 0..b.num_rows() {
-                let cells: Vec<Cell> = arrays.iter().map(|a| cell(a, row)).collect();
+        for (b, n) in batches.iter().map(|b| (b, b.rows())) {
+            for row in 0..n {
+                let cells = b.row(row);
                 let mut refs: Vec<&(dyn ToSql + Sync)> =
                     cells.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
                 refs.extend_from_slice(extra);
@@ -234,17 +315,16 @@ impl PostgresUpsert {
         temp: &str,
         list: &str,
         cols: &Columns,
-        batches: &[RecordBatch],
+        batches: &[crate::types::Prepared],
     ) -> Result<(), tokio_postgres::Error> {
         let width = cols.names.len().max(1);
         let per_stmt = (65_535 / width).min(1000);
         for b in batches {
             let mut start = 0;
-            while start < b.num_rows() {
-                let n = per_stmt.min(b.num_rows() - start);
-                let cells: Vec<Cell> = (start..start + n)
-                    .flat_map(|row| b.columns().iter().map(move |a| cell(a, row)))
-                    .collect();
+            while start < b.rows() {
+                let n = per_stmt.min(b.rows() - start);
+                let cells: Vec<crate::types::Cell> =
+                    (start..start + n).flat_map(|row| b.row(row)).collect();
                 let values: Vec<String> = (0..n)
                     .map(|r| {
                         let ps: Vec<String> = (0..width)
@@ -272,28 +352,50 @@ impl PostgresUpsert {
                 reason: "an upsert needs at least one key column".into(),
             });
         }
+        let sink = self.label();
         let cols = self.columns(batch.schema().inner())?;
+        let (batch, dropped) = apply_null_rules(
+            batch,
+            &self.keys,
+            &self.ordering,
+            self.null_keys,
+            self.null_ordering,
+            &sink,
+            id,
+        )
+        .await
+        .map_err(self.engine(id))?;
+        if dropped > 0 {
+            ctx.metrics.record(&sink, SinkMetric::Dropped, dropped);
+        }
         let source = if self.dedupe {
             dedupe_latest(batch, &self.keys, &self.ordering).map_err(self.engine(id))?
         } else {
             batch
         };
-        let batches = source
-            .collect()
-            .await
-            .map_err(|source| PostgresSinkError::DataFusion {
+        let batches: Vec<RecordBatch> =
+            source
+                .collect()
+                .await
+                .map_err(|source| PostgresSinkError::DataFusion {
+                    table: self.table.clone(),
+                    batch_id: id,
+                    action: "computing the batch",
+                    source,
+                })?;
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        // Every value is checked before anything is written.
+        let batches = batches
+            .iter()
+            .map(|b| prepare_columns(b.columns(), &cols.names))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|(column, reason)| PostgresSinkError::BadValue {
                 table: self.table.clone(),
                 batch_id: id,
-                action: "computing the batch",
-                source,
+                column,
+                reason,
             })?;
-        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        // The ledger is shared by every table of the database: the default key names the
-        // table too, so two upserts of one query into two tables do not hide each other.
-        let app_id = self
-            .app_id
-            .clone()
-            .unwrap_or_else(|| format!("{}/{}", ctx.app_id(), self.table));
+        let app_id = self.ledger_key(&ctx.query());
         let mut guard = self
             .conn
             .get(&self.ledger)
@@ -347,14 +449,24 @@ impl PostgresUpsert {
             Self::copy_rows(sink, &cols, &batches, &[&app_id, &bid])
                 .await
                 .map_err(self.db(id, "COPY into the staging table"))?;
-            fault::hit("pg-after-staging", id).map_err(self.engine(id))?;
+            fault::hit(POINT_AFTER_STAGING, id).map_err(self.engine(id))?;
         }
-        fault::hit("pg-before-begin", id).map_err(self.engine(id))?;
+        fault::hit(POINT_BEFORE_BEGIN, id).map_err(self.engine(id))?;
         let tx = client.transaction().await.map_err(self.db(id, "BEGIN"))?;
         if !claim(&tx, &self.ledger, &app_id, id, rows as i64)
             .await
             .map_err(self.db(id, "claiming the batch in the ledger"))?
         {
+            // Only a replay can find its own ledger row: on a first attempt the row was
+            // written by another query with the same ledger key.
+            if !ctx.is_replay && !self.allow_app_id_reuse {
+                return Err(PostgresSinkError::AppIdInUse {
+                    table: self.table.clone(),
+                    batch_id: id,
+                    ledger: self.ledger.clone(),
+                    app_id,
+                });
+            }
             if let Some(staging) = &self.staging {
                 let clear = format!(
                     "DELETE FROM {} WHERE weir_app_id = $1 AND weir_batch_id = $2",
@@ -366,15 +478,15 @@ impl PostgresUpsert {
             }
             tx.commit().await.map_err(self.db(id, "COMMIT"))?;
             tracing::info!(table = %self.table, "batch {id} skipped: the ledger {} already has it", self.ledger);
-            ctx.metrics.add_skipped(&self.name());
+            ctx.metrics.add_skipped(&self.label());
             return Ok(());
         }
         self.write_in_tx(&tx, &cols, &batches, &list, &app_id, id)
             .await?;
         // Killed here, the open transaction (ledger row included) is rolled back.
-        fault::hit("pg-before-commit", id).map_err(self.engine(id))?;
+        fault::hit(POINT_BEFORE_COMMIT, id).map_err(self.engine(id))?;
         tx.commit().await.map_err(self.db(id, "COMMIT"))?;
-        fault::hit("pg-after-commit", id).map_err(self.engine(id))?;
+        fault::hit(POINT_AFTER_COMMIT, id).map_err(self.engine(id))?;
         ctx.metrics.add_output_rows(rows as u64);
         Ok(())
     }
@@ -383,7 +495,7 @@ impl PostgresUpsert {
         &self,
         tx: &Transaction<'_>,
         cols: &Columns,
-        batches: &[RecordBatch],
+        batches: &[crate::types::Prepared],
         list: &str,
         app_id: &str,
         id: u64,
@@ -423,7 +535,7 @@ impl PostgresUpsert {
                         .await
                         .map_err(self.db(id, "INSERT into the temp table"))?,
                 }
-                fault::hit("pg-after-copy", id).map_err(self.engine(id))?;
+                fault::hit(POINT_AFTER_COPY, id).map_err(self.engine(id))?;
                 let upsert = self.upsert_sql(cols, temp, "");
                 tx.execute(&upsert, &[])
                     .await

@@ -130,20 +130,27 @@ pub use kafka::{KafkaBroker, kafka};
 
 /// A DataFrame of orders `(order_id, status, updated_at)`; `updated_at` given in seconds.
 pub fn order_rows(rows: &[(i64, &str, i64)]) -> DataFrame {
+    let rows: Vec<(Option<i64>, &str, Option<i64>)> =
+        rows.iter().map(|r| (Some(r.0), r.1, Some(r.2))).collect();
+    order_rows_opt(&rows)
+}
+
+/// Like [`order_rows`], with NULLs allowed in `order_id` and `updated_at`.
+pub fn order_rows_opt(rows: &[(Option<i64>, &str, Option<i64>)]) -> DataFrame {
     use std::sync::Arc;
     use weir_core::datafusion::arrow::array::{Int64Array, StringArray, TimestampMicrosecondArray};
     use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
     use weir_core::datafusion::arrow::record_batch::RecordBatch;
     let schema = Arc::new(Schema::new(vec![
-        Field::new("order_id", DataType::Int64, false),
-        Field::new("status", DataType::Utf8, false),
+        Field::new("order_id", DataType::Int64, true),
+        Field::new("status", DataType::Utf8, true),
         Field::new(
             "updated_at",
             DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            false,
+            true,
         ),
     ]));
-    let ts: Vec<i64> = rows.iter().map(|r| r.2 * 1_000_000).collect();
+    let ts: Vec<Option<i64>> = rows.iter().map(|r| r.2.map(|s| s * 1_000_000)).collect();
     let batch = RecordBatch::try_new(
         schema,
         vec![
@@ -165,15 +172,5 @@ pub fn order_rows(rows: &[(i64, &str, i64)]) -> DataFrame {
 /// The context a sink sees for batch `batch_id` of query `orders` with id `query_id`
 /// (a checkpoint counts as new at batch 0).
 pub fn batch_context(query_id: uuid::Uuid, batch_id: u64) -> weir_core::BatchContext {
-    weir_core::BatchContext {
-        query_id,
-        run_id: uuid::Uuid::new_v4(),
-        query_name: "orders".into(),
-        batch_id,
-        batch_timestamp_ms: 0,
-        session: SessionContext::new(),
-        is_replay: false,
-        checkpoint_is_new: batch_id == 0,
-        metrics: std::sync::Arc::new(weir_core::SinkMetrics::default()),
-    }
+    weir_core::BatchContext::new(query_id, "orders", batch_id)
 }

@@ -2,10 +2,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
-use weir_core::{BatchContext, ForeachBatch};
+use weir_core::{BatchContext, ForeachBatch, Location, NullKeys, NullOrdering};
 use weir_delta::{DeltaAppend, DeltaMerge, read_table, recorded_version, table_version};
 
 fn df(rows: &[(i64, &str, i64)]) -> DataFrame {
@@ -16,23 +14,31 @@ fn ctx(query_id: uuid::Uuid, batch_id: u64) -> BatchContext {
     weir_testkit::batch_context(query_id, batch_id)
 }
 
-async fn table_rows(path: &Path) -> Vec<String> {
+fn table(dir: &tempfile::TempDir) -> Location {
+    Location::local(dir.path().join("t"))
+}
+
+async fn table_rows(at: &Location) -> Vec<String> {
     let c = SessionContext::new();
-    let t = read_table(&c, path).await.unwrap();
+    let t = read_table(&c, at).await.unwrap();
     weir_testkit::rows(t.select_columns(&["order_id", "status"]).unwrap()).await
+}
+
+fn chain(e: &weir_core::BoxError) -> String {
+    weir_core::sink::error_chain(e.as_ref())
 }
 
 #[tokio::test]
 async fn a_replayed_append_is_skipped_and_counted() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t");
-    let sink = DeltaAppend::new(&path);
+    let path = table(&dir);
+    let sink = DeltaAppend::new(path.clone());
     let q = uuid::Uuid::new_v4();
     sink.call(df(&[(1, "a", 1), (2, "b", 1)]), ctx(q, 0))
         .await
         .unwrap();
     sink.call(df(&[(3, "c", 2)]), ctx(q, 1)).await.unwrap();
-    let replay = ctx(q, 1);
+    let replay = ctx(q, 1).replay(true);
     sink.call(df(&[(3, "c", 2)]), replay.clone()).await.unwrap();
     assert_eq!(replay.metrics.skipped(), 1, "the skip is counted");
     assert_eq!(
@@ -45,16 +51,24 @@ async fn a_replayed_append_is_skipped_and_counted() {
         recorded_version(&path, &replay.app_id()).await.unwrap(),
         Some(1)
     );
-    // An older batch id (a replay of a batch before the last) is skipped too.
-    sink.call(df(&[(1, "a", 1)]), ctx(q, 0)).await.unwrap();
+    // Batch 0 again, when the table records batch 1: this query cannot be replaying it.
+    let err = sink
+        .call(df(&[(1, "a", 1)]), ctx(q, 0).replay(true))
+        .await
+        .unwrap_err();
+    assert!(
+        chain(&err).contains("which this query did not write"),
+        "{}",
+        chain(&err)
+    );
     assert_eq!(table_version(&path).await.unwrap(), Some(1));
 }
 
 #[tokio::test]
 async fn a_new_checkpoint_is_not_hidden_by_an_old_ones_versions() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t");
-    let sink = DeltaAppend::new(&path);
+    let path = table(&dir);
+    let sink = DeltaAppend::new(path.clone());
     for b in 0..3 {
         sink.call(df(&[(b as i64, "old", 1)]), ctx(uuid::Uuid::new_v4(), b))
             .await
@@ -70,16 +84,54 @@ async fn a_new_checkpoint_is_not_hidden_by_an_old_ones_versions() {
 }
 
 #[tokio::test]
+async fn an_explicit_app_id_reused_by_a_new_checkpoint_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = table(&dir);
+    let old = DeltaAppend::new(path.clone()).app_id("orders-v1");
+    let q = uuid::Uuid::new_v4();
+    for b in 0..3 {
+        old.call(df(&[(b as i64, "old", 1)]), ctx(q, b))
+            .await
+            .unwrap();
+    }
+    // A new checkpoint with the same explicit app id starts at batch 0 again.
+    let fresh = DeltaAppend::new(path.clone()).app_id("orders-v1");
+    let err = fresh
+        .call(df(&[(10, "new", 1)]), ctx(uuid::Uuid::new_v4(), 0))
+        .await
+        .unwrap_err();
+    let msg = chain(&err);
+    assert!(
+        msg.contains("records version 2 for app id 'orders-v1'")
+            && msg.contains("give the sink a new app-id"),
+        "{msg}"
+    );
+    assert_eq!(table_rows(&path).await.len(), 3, "nothing written");
+    // Said on purpose: the old behaviour, a skip with a warning.
+    let allowed = DeltaAppend::new(path.clone())
+        .app_id("orders-v1")
+        .allow_app_id_reuse(true);
+    let c = ctx(uuid::Uuid::new_v4(), 0);
+    allowed
+        .call(df(&[(10, "new", 1)]), c.clone())
+        .await
+        .unwrap();
+    assert_eq!(c.metrics.skipped(), 1);
+}
+
+#[tokio::test]
 async fn two_app_ids_on_one_table_do_not_hide_each_other() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t");
-    let a = DeltaAppend::new(&path).app_id("query-a-v1");
-    let b = DeltaAppend::new(&path).app_id("query-b-v1");
+    let path = table(&dir);
+    let a = DeltaAppend::new(path.clone()).app_id("query-a-v1");
+    let b = DeltaAppend::new(path.clone()).app_id("query-b-v1");
     let q = uuid::Uuid::new_v4();
     a.call(df(&[(1, "a", 1)]), ctx(q, 0)).await.unwrap();
     a.call(df(&[(2, "a", 1)]), ctx(q, 1)).await.unwrap();
     b.call(df(&[(3, "b", 1)]), ctx(q, 0)).await.unwrap();
-    b.call(df(&[(3, "b", 1)]), ctx(q, 0)).await.unwrap();
+    b.call(df(&[(3, "b", 1)]), ctx(q, 0).replay(true))
+        .await
+        .unwrap();
     assert_eq!(table_rows(&path).await, vec!["1|a", "2|a", "3|b"]);
     assert_eq!(
         recorded_version(&path, "query-a-v1").await.unwrap(),
@@ -94,8 +146,8 @@ async fn two_app_ids_on_one_table_do_not_hide_each_other() {
 #[tokio::test]
 async fn merge_keeps_the_newest_row_per_key_within_and_across_batches_and_ignores_late_rows() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t");
-    let sink = DeltaMerge::new(&path, vec!["order_id".into()], "updated_at");
+    let path = table(&dir);
+    let sink = DeltaMerge::new(path.clone(), ["order_id"], "updated_at");
     let q = uuid::Uuid::new_v4();
     // Batch 0 creates the table; order 1 appears twice in it.
     sink.call(
@@ -119,7 +171,7 @@ async fn merge_keeps_the_newest_row_per_key_within_and_across_batches_and_ignore
     );
     let v1 = table_version(&path).await.unwrap();
     // The replay of batch 1 is skipped without a MERGE.
-    let replay = ctx(q, 1);
+    let replay = ctx(q, 1).replay(true);
     sink.call(
         df(&[(2, "shipped", 30), (1, "created", 15), (3, "created", 5)]),
         replay.clone(),
@@ -143,10 +195,91 @@ async fn merge_keeps_the_newest_row_per_key_within_and_across_batches_and_ignore
 }
 
 #[tokio::test]
+async fn ties_on_the_ordering_column_end_the_same_however_the_rows_were_batched() {
+    // Three rows of key 1 share updated_at; the greatest other column ("c") wins.
+    let rows = [(1, "b", 5), (1, "c", 5), (1, "a", 5)];
+    let mut results = Vec::new();
+    for split in [vec![3], vec![1, 2], vec![1, 1, 1], vec![2, 1]] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = table(&dir);
+        let sink = DeltaMerge::new(path.clone(), ["order_id"], "updated_at");
+        let q = uuid::Uuid::new_v4();
+        let mut at = 0;
+        for (b, n) in split.iter().enumerate() {
+            sink.call(df(&rows[at..at + n]), ctx(q, b as u64))
+                .await
+                .unwrap();
+            at += n;
+        }
+        results.push(table_rows(&path).await);
+    }
+    for r in &results {
+        assert_eq!(r, &vec!["1|c".to_string()], "{results:?}");
+    }
+}
+
+#[tokio::test]
+async fn null_keys_and_orderings_fail_the_batch_naming_them_or_follow_the_chosen_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = table(&dir);
+    let q = uuid::Uuid::new_v4();
+    let rows = weir_testkit::order_rows_opt(&[
+        (Some(1), "a", Some(1)),
+        (None, "no key", Some(1)),
+        (None, "no key", Some(2)),
+    ]);
+    let strict = DeltaMerge::new(path.clone(), ["order_id"], "updated_at");
+    let err = strict.call(rows.clone(), ctx(q, 0)).await.unwrap_err();
+    let msg = chain(&err);
+    assert!(
+        msg.contains("batch 0")
+            && msg.contains("2 row(s) have a NULL in order_id")
+            && msg.contains("delta-merge"),
+        "{msg}"
+    );
+    let dropping =
+        DeltaMerge::new(path.clone(), ["order_id"], "updated_at").null_keys(NullKeys::Drop);
+    let c = ctx(q, 0);
+    dropping.call(rows.clone(), c.clone()).await.unwrap();
+    assert_eq!(table_rows(&path).await, vec!["1|a"]);
+    assert!(
+        c.metrics
+            .entries()
+            .iter()
+            .any(|(k, v)| k.ends_with(".dropped") && v == "2"),
+        "{:?}",
+        c.metrics.entries()
+    );
+    // A NULL ordering: refused by default; with "oldest" it never wins over a value, and
+    // any value replaces it.
+    let nulls = weir_testkit::order_rows_opt(&[(Some(2), "null time", None)]);
+    let err = strict.call(nulls.clone(), ctx(q, 1)).await.unwrap_err();
+    assert!(
+        chain(&err).contains("NULL in updated_at"),
+        "{}",
+        chain(&err)
+    );
+    let oldest = DeltaMerge::new(path.clone(), ["order_id"], "updated_at")
+        .null_ordering(NullOrdering::Oldest);
+    oldest.call(nulls, ctx(q, 1)).await.unwrap();
+    oldest
+        .call(
+            weir_testkit::order_rows_opt(&[
+                (Some(1), "late null", None),
+                (Some(2), "real", Some(1)),
+            ]),
+            ctx(q, 2),
+        )
+        .await
+        .unwrap();
+    assert_eq!(table_rows(&path).await, vec!["1|a", "2|real"]);
+}
+
+#[tokio::test]
 async fn merge_without_dedupe_names_the_duplicate_key() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t");
-    let sink = DeltaMerge::new(&path, vec!["order_id".into()], "updated_at").dedupe(false);
+    let path = table(&dir);
+    let sink = DeltaMerge::new(path, ["order_id"], "updated_at").dedupe(false);
     let q = uuid::Uuid::new_v4();
     sink.call(df(&[(1, "a", 1)]), ctx(q, 0)).await.unwrap();
     let err = sink
@@ -161,16 +294,23 @@ async fn merge_without_dedupe_names_the_duplicate_key() {
 }
 
 #[tokio::test]
-async fn merge_with_pruning_gives_the_same_result() {
+async fn pruning_by_a_key_column_gives_the_same_result_and_a_non_key_column_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t");
-    let sink = DeltaMerge::new(&path, vec!["order_id".into()], "updated_at").prune_by("status");
+    let path = table(&dir);
+    let sink = DeltaMerge::new(path.clone(), ["order_id"], "updated_at").prune_by("order_id");
     let q = uuid::Uuid::new_v4();
     sink.call(df(&[(1, "x", 1), (2, "y", 1)]), ctx(q, 0))
         .await
         .unwrap();
-    sink.call(df(&[(1, "x", 5), (3, "x", 5)]), ctx(q, 1))
+    sink.call(df(&[(1, "z", 5), (3, "x", 5)]), ctx(q, 1))
         .await
         .unwrap();
-    assert_eq!(table_rows(&path).await, vec!["1|x", "2|y", "3|x"]);
+    assert_eq!(table_rows(&path).await, vec!["1|z", "2|y", "3|x"]);
+    // "status" changes for a key: pruning by it would insert a second row for order 1.
+    let bad = DeltaMerge::new(path.clone(), ["order_id"], "updated_at").prune_by("status");
+    let err = bad.check().unwrap_err().to_string();
+    assert!(err.contains("'status' is not a key column"), "{err}");
+    let err = bad.call(df(&[(1, "w", 9)]), ctx(q, 2)).await.unwrap_err();
+    assert!(chain(&err).contains("prune-by"), "{}", chain(&err));
+    assert_eq!(table_rows(&path).await, vec!["1|z", "2|y", "3|x"]);
 }

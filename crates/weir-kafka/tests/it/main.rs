@@ -62,7 +62,8 @@ async fn run(
         r = r.max_offsets_per_trigger(m);
     }
     let q = r
-        .load()?
+        .load()
+        .await?
         .write_stream()
         .checkpoint(chk)
         .trigger(Trigger::AvailableNow)
@@ -109,7 +110,7 @@ async fn batches_read_exact_ranges_over_three_partitions_and_the_limit_is_split_
     let dir = tempfile::tempdir().unwrap();
     let seen: Batches = Arc::default();
     let q = run(
-        KafkaOptions::new(&kafka().bootstrap, vec!["ranges".into()]),
+        KafkaOptions::new(&kafka().bootstrap, ["ranges"]),
         dir.path(),
         Some(20),
         seen.clone(),
@@ -168,9 +169,10 @@ async fn a_replayed_batch_reads_the_same_records_after_more_arrive() {
     let q = WeirSession::new()
         .read_stream()
         .source(Arc::new(
-            KafkaSource::new(KafkaOptions::new(&kafka().bootstrap, vec!["replay".into()])).unwrap(),
+            KafkaSource::new(KafkaOptions::new(&kafka().bootstrap, ["replay"])).unwrap(),
         ))
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())
@@ -190,7 +192,7 @@ async fn a_replayed_batch_reads_the_same_records_after_more_arrive() {
     produce("replay", 0, &values(3, "late")).await;
     let seen: Batches = Arc::default();
     run(
-        KafkaOptions::new(&kafka().bootstrap, vec!["replay".into()]),
+        KafkaOptions::new(&kafka().bootstrap, ["replay"]),
         dir.path(),
         None,
         seen.clone(),
@@ -212,7 +214,7 @@ async fn a_partition_added_mid_stream_is_read_from_its_start() {
     topic("grow", 1).await;
     produce("grow", 0, &values(3, "a")).await;
     let dir = tempfile::tempdir().unwrap();
-    let opts = || KafkaOptions::new(&kafka().bootstrap, vec!["grow".into()]);
+    let opts = || KafkaOptions::new(&kafka().bootstrap, ["grow"]);
     run(opts(), dir.path(), None, Arc::default()).await.unwrap();
     let r = admin()
         .create_partitions(&[NewPartitions::new("grow", 2)], &AdminOptions::new())
@@ -235,7 +237,7 @@ async fn lost_offsets_stop_the_query_or_are_skipped_with_fail_on_data_loss_false
     topic("loss", 1).await;
     produce("loss", 0, &values(5, "a")).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = KafkaOptions::new(&kafka().bootstrap, vec!["loss".into()]);
+    let mut opts = KafkaOptions::new(&kafka().bootstrap, ["loss"]);
     // The recorded position says 100 but the partition ends at 5: the topic was recreated.
     opts.starting_offsets =
         weir_kafka::StartingOffsets::Explicit([("loss".to_string(), [(0, 100)].into())].into());
@@ -271,7 +273,7 @@ async fn malformed_json_fails_fast_naming_the_offset_or_is_kept_in_permissive_mo
         Field::new("tag", DataType::Utf8, true),
     ]));
     let opts = |mode| {
-        let mut o = KafkaOptions::new(&kafka().bootstrap, vec!["json".into()]);
+        let mut o = KafkaOptions::new(&kafka().bootstrap, ["json"]);
         o.value_format = ValueFormat::Json {
             schema: schema.clone(),
             mode,
@@ -285,6 +287,7 @@ async fn malformed_json_fails_fast_naming_the_offset_or_is_kept_in_permissive_mo
             KafkaSource::new(opts(BadRecordMode::FailFast)).unwrap(),
         ))
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())
@@ -308,6 +311,7 @@ async fn malformed_json_fails_fast_naming_the_offset_or_is_kept_in_permissive_mo
             KafkaSource::new(opts(BadRecordMode::Permissive)).unwrap(),
         ))
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())
@@ -349,16 +353,16 @@ async fn min_offsets_per_trigger_waits_for_enough_records_or_the_max_trigger_del
     topic("minoffsets", 1).await;
     produce("minoffsets", 0, &values(3, "a")).await;
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = KafkaOptions::new(&kafka().bootstrap, vec!["minoffsets".into()]);
-    opts.min_offsets_per_trigger = Some(100);
-    opts.max_trigger_delay = Duration::from_millis(1500);
+    let opts = KafkaOptions::new(&kafka().bootstrap, ["minoffsets"]);
     let started = std::time::Instant::now();
     let first = Arc::new(Mutex::new(None));
     let f = first.clone();
     let q = WeirSession::new()
         .read_stream()
         .source(Arc::new(KafkaSource::new(opts).unwrap()))
+        .min_offsets_per_trigger(100, Duration::from_millis(1500))
         .load()
+        .await
         .unwrap()
         .write_stream()
         .checkpoint(dir.path())

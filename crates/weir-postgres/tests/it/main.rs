@@ -35,8 +35,7 @@ async fn orders(table: &str) -> Vec<String> {
 #[tokio::test]
 async fn upsert_keeps_the_newest_row_per_key_and_a_replay_is_skipped_by_the_ledger() {
     let url = &postgres().url;
-    let sink = PostgresUpsert::new(url, "orders_a", vec!["order_id".into()], "updated_at")
-        .create_table(true);
+    let sink = PostgresUpsert::new(url, "orders_a", ["order_id"], "updated_at").create_table(true);
     let q = uuid::Uuid::new_v4();
     sink.call(
         df(&[(1, "created", 10), (1, "paid", 20), (2, "created", 10)]),
@@ -58,7 +57,7 @@ async fn upsert_keeps_the_newest_row_per_key_and_a_replay_is_skipped_by_the_ledg
     );
     // Replay of batch 1 with different rows (as a non-deterministic transform would give):
     // the ledger proves batch 1 landed, so nothing changes.
-    let replay = ctx(q, 1);
+    let replay = ctx(q, 1).replay(true);
     sink.call(df(&[(9, "must-not-appear", 99)]), replay.clone())
         .await
         .unwrap();
@@ -81,7 +80,7 @@ async fn upsert_keeps_the_newest_row_per_key_and_a_replay_is_skipped_by_the_ledg
 #[tokio::test]
 async fn the_staging_variant_lands_each_batch_once_and_clears_its_staging_rows() {
     let url = &postgres().url;
-    let sink = PostgresUpsert::new(url, "orders_b", vec!["order_id".into()], "updated_at")
+    let sink = PostgresUpsert::new(url, "orders_b", ["order_id"], "updated_at")
         .create_table(true)
         .staging_table("orders_b_staging");
     let q = uuid::Uuid::new_v4();
@@ -93,8 +92,12 @@ async fn the_staging_variant_lands_each_batch_once_and_clears_its_staging_rows()
         "INSERT INTO orders_b_staging VALUES (7, 'stale', now(), 'orders-{q}/orders_b', 1), (7, 'stale', now(), 'orders-{q}/orders_b', 1)"
     ))
     .await;
-    sink.call(df(&[(2, "c", 5)]), ctx(q, 1)).await.unwrap();
-    sink.call(df(&[(2, "c", 5)]), ctx(q, 1)).await.unwrap();
+    sink.call(df(&[(2, "c", 5)]), ctx(q, 1).replay(true))
+        .await
+        .unwrap();
+    sink.call(df(&[(2, "c", 5)]), ctx(q, 1).replay(true))
+        .await
+        .unwrap();
     assert_eq!(orders("orders_b").await, vec!["1|a", "2|c"]);
     assert_eq!(
         pg_rows(url, "SELECT count(*)::text FROM orders_b_staging").await,
@@ -150,7 +153,7 @@ async fn types_round_trip_through_binary_copy() {
         Arc::new(StringArray::from(vec![Some("é \"quoted\""), None])),
     ];
     let batch = RecordBatch::try_new(s, cols).unwrap();
-    let sink = PostgresUpsert::new(url, "types_t", vec!["k".into()], "k").create_table(true);
+    let sink = PostgresUpsert::new(url, "types_t", ["k"], "k").create_table(true);
     sink.call(
         SessionContext::new().read_batch(batch).unwrap(),
         ctx(uuid::Uuid::new_v4(), 0),
@@ -187,7 +190,7 @@ async fn an_unsupported_type_is_refused_before_anything_is_written() {
         ],
     )
     .unwrap();
-    let sink = PostgresUpsert::new(url, "unsupported_t", vec!["k".into()], "k").create_table(true);
+    let sink = PostgresUpsert::new(url, "unsupported_t", ["k"], "k").create_table(true);
     let err = sink
         .call(
             SessionContext::new().read_batch(b).unwrap(),
@@ -210,7 +213,7 @@ async fn a_refused_connection_fails_the_batch_naming_table_and_batch_and_a_later
         .port();
     let bad = format!("host=127.0.0.1 port={port} user=postgres password=hunter2 dbname=postgres");
     let q = uuid::Uuid::new_v4();
-    let err = PostgresUpsert::new(&bad, "orders_c", vec!["order_id".into()], "updated_at")
+    let err = PostgresUpsert::new(&bad, "orders_c", ["order_id"], "updated_at")
         .call(df(&[(1, "a", 1)]), ctx(q, 4))
         .await
         .unwrap_err();
@@ -223,10 +226,13 @@ async fn a_refused_connection_fails_the_batch_naming_table_and_batch_and_a_later
         !msg.contains("hunter2"),
         "the password is never printed: {msg}"
     );
-    let good = PostgresUpsert::new(url, "orders_c", vec!["order_id".into()], "updated_at")
-        .create_table(true);
-    good.call(df(&[(1, "a", 1)]), ctx(q, 4)).await.unwrap();
-    good.call(df(&[(1, "a", 1)]), ctx(q, 4)).await.unwrap();
+    let good = PostgresUpsert::new(url, "orders_c", ["order_id"], "updated_at").create_table(true);
+    good.call(df(&[(1, "a", 1)]), ctx(q, 4).replay(true))
+        .await
+        .unwrap();
+    good.call(df(&[(1, "a", 1)]), ctx(q, 4).replay(true))
+        .await
+        .unwrap();
     assert_eq!(orders("orders_c").await, vec!["1|a"]);
 }
 
@@ -234,8 +240,7 @@ async fn a_refused_connection_fails_the_batch_naming_table_and_batch_and_a_later
 async fn a_constraint_violation_fails_the_batch_and_commits_nothing() {
     let url = &postgres().url;
     pg_exec(url, "CREATE TABLE orders_d (order_id bigint PRIMARY KEY, status text CHECK (status <> 'bad'), updated_at timestamptz)").await;
-    let sink = PostgresUpsert::new(url, "orders_d", vec!["order_id".into()], "updated_at")
-        .ledger("ledger_d");
+    let sink = PostgresUpsert::new(url, "orders_d", ["order_id"], "updated_at").ledger("ledger_d");
     let q = uuid::Uuid::new_v4();
     let err = sink
         .call(df(&[(1, "ok", 1), (2, "bad", 1)]), ctx(q, 0))
@@ -264,8 +269,8 @@ async fn the_ledger_helper_runs_user_sql_once_per_batch() {
     pg_exec(url, "CREATE TABLE counter_e (n bigint)").await;
     let ledger = PostgresLedger::new(url, "ledger_e");
     let q = uuid::Uuid::new_v4();
-    for _ in 0..2 {
-        let c = ctx(q, 7);
+    for replay in [false, true] {
+        let c = ctx(q, 7).replay(replay);
         ledger
             .run_once(&c, |tx| {
                 Box::pin(async move {
@@ -309,7 +314,7 @@ async fn the_insert_load_mode_gives_the_same_table_as_copy() {
         ("orders_copy_f", weir_postgres::LoadMode::Copy),
         ("orders_insert_f", weir_postgres::LoadMode::Insert),
     ] {
-        let sink = PostgresUpsert::new(url, table, vec!["order_id".into()], "updated_at")
+        let sink = PostgresUpsert::new(url, table, ["order_id"], "updated_at")
             .create_table(true)
             .load_mode(mode);
         sink.call(df(&[(1, "a", 1), (2, "b", 1), (1, "c", 2)]), ctx(q, 0))
@@ -324,4 +329,145 @@ async fn the_insert_load_mode_gives_the_same_table_as_copy() {
         orders("orders_insert_f").await,
         orders("orders_copy_f").await
     );
+}
+
+#[tokio::test]
+async fn a_ledger_row_on_a_first_attempt_is_another_querys_and_is_refused() {
+    let url = &postgres().url;
+    let old = PostgresUpsert::new(url, "orders_g", ["order_id"], "updated_at")
+        .create_table(true)
+        .app_id("orders-v1");
+    let q = uuid::Uuid::new_v4();
+    old.call(df(&[(1, "a", 1)]), ctx(q, 0)).await.unwrap();
+    // A new checkpoint reusing the explicit app id: batch 0 is not a replay.
+    let err = old
+        .call(df(&[(2, "b", 1)]), ctx(uuid::Uuid::new_v4(), 0))
+        .await
+        .unwrap_err();
+    let msg = weir_core::sink::error_chain(err.as_ref());
+    assert!(
+        msg.contains("already holds batch 0 for 'orders-v1'") && msg.contains("new app-id"),
+        "{msg}"
+    );
+    assert_eq!(orders("orders_g").await, vec!["1|a"]);
+}
+
+#[tokio::test]
+async fn ties_and_nulls_follow_the_same_rules_as_the_delta_merge() {
+    let url = &postgres().url;
+    let q = uuid::Uuid::new_v4();
+    // Three rows of key 1 tie on updated_at; the greatest status ("c") wins, however the
+    // rows are split into batches.
+    let rows = [(1, "b", 5), (1, "c", 5), (1, "a", 5)];
+    for (t, split) in [
+        ("ties_h1", vec![3]),
+        ("ties_h2", vec![1, 1, 1]),
+        ("ties_h3", vec![2, 1]),
+    ] {
+        let sink = PostgresUpsert::new(url, t, ["order_id"], "updated_at").create_table(true);
+        let mut at = 0;
+        for (b, n) in split.iter().enumerate() {
+            sink.call(df(&rows[at..at + n]), ctx(q, b as u64))
+                .await
+                .unwrap();
+            at += n;
+        }
+        assert_eq!(orders(t).await, vec!["1|c"], "{t}");
+    }
+    // NULL keys: refused by default, naming the rows.
+    let sink = PostgresUpsert::new(url, "nulls_h", ["order_id"], "updated_at").create_table(true);
+    let err = sink
+        .call(
+            weir_testkit::order_rows_opt(&[(None, "x", Some(1)), (Some(1), "y", Some(1))]),
+            ctx(q, 0),
+        )
+        .await
+        .unwrap_err();
+    let msg = weir_core::sink::error_chain(err.as_ref());
+    assert!(msg.contains("1 row(s) have a NULL in order_id"), "{msg}");
+    // NULL ordering taken as oldest: a value replaces it, it never replaces a value.
+    let oldest = sink.clone().null_ordering(weir_core::NullOrdering::Oldest);
+    oldest
+        .call(
+            weir_testkit::order_rows_opt(&[(Some(1), "null", None), (Some(2), "two", Some(1))]),
+            ctx(q, 0),
+        )
+        .await
+        .unwrap();
+    oldest
+        .call(
+            weir_testkit::order_rows_opt(&[
+                (Some(1), "real", Some(1)),
+                (Some(2), "late null", None),
+            ]),
+            ctx(q, 1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(orders("nulls_h").await, vec!["1|real", "2|two"]);
+}
+
+#[tokio::test]
+async fn values_are_written_exactly_or_refused_naming_the_column() {
+    use weir_core::datafusion::arrow::array::{TimestampNanosecondArray, TimestampSecondArray};
+    let url = &postgres().url;
+    let q = uuid::Uuid::new_v4();
+    // A decimal with a negative scale: 123 * 10^2.
+    let s = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("dec", DataType::Decimal128(5, -2), true),
+    ]));
+    let b = RecordBatch::try_new(
+        s,
+        vec![
+            Arc::new(Int64Array::from(vec![1, 2])),
+            Arc::new(
+                Decimal128Array::from(vec![Some(123), Some(-7)])
+                    .with_precision_and_scale(5, -2)
+                    .unwrap(),
+            ),
+        ],
+    )
+    .unwrap();
+    PostgresUpsert::new(url, "dec_i", ["k"], "k")
+        .create_table(true)
+        .call(SessionContext::new().read_batch(b).unwrap(), ctx(q, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        pg_rows(url, "SELECT k::text, dec::text FROM dec_i").await,
+        vec!["1|12300", "2|-700"]
+    );
+    // A timestamp before 4714 BC, and one with nanoseconds: refused, nothing written.
+    for (t, col) in [
+        (
+            "ts_old_i",
+            Arc::new(TimestampSecondArray::from(vec![-300_000_000_000i64])) as ArrayRef,
+        ),
+        (
+            "ts_ns_i",
+            Arc::new(TimestampNanosecondArray::from(vec![1_001i64])) as ArrayRef,
+        ),
+    ] {
+        let s = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("at", col.data_type().clone(), true),
+        ]));
+        let b = RecordBatch::try_new(s, vec![Arc::new(Int64Array::from(vec![1])), col]).unwrap();
+        let err = PostgresUpsert::new(url, t, ["k"], "k")
+            .create_table(true)
+            .call(SessionContext::new().read_batch(b).unwrap(), ctx(q, 0))
+            .await
+            .unwrap_err();
+        let msg = weir_core::sink::error_chain(err.as_ref());
+        assert!(
+            msg.contains("column 'at'") && msg.contains("nothing was written"),
+            "{msg}"
+        );
+        assert_eq!(
+            pg_rows(url, &format!("SELECT to_regclass('{t}')::text")).await,
+            vec!["NULL"],
+            "{t}"
+        );
+    }
 }

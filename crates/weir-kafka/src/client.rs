@@ -1,0 +1,113 @@
+//! librdkafka clients: a consumer that only reads assigned partitions at explicit offsets,
+//! topic metadata, watermarks. Every call here blocks: the source runs them on tokio's
+//! blocking pool.
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::error::KafkaSourceError;
+use crate::options::{KafkaOptions, Subscribe};
+
+const META_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A consumer that only ever reads assigned partitions at explicit offsets.
+pub fn consumer(o: &KafkaOptions) -> Result<BaseConsumer, KafkaSourceError> {
+    let mut cfg = ClientConfig::new();
+    // librdkafka drops the connection on a fetch response above this (default 100 MB);
+    // some Kafka-protocol brokers ignore fetch.max.bytes and answer a 200,000-record read
+    // in one response. Overridable in `kafka.*`.
+    cfg.set("receive.message.max.bytes", "2147483647");
+    for (k, v) in &o.kafka {
+        cfg.set(k, v);
+    }
+    cfg.set("bootstrap.servers", &o.bootstrap_servers)
+        // assign() still wants a group id; nothing is committed to it.
+        .set(
+            "group.id",
+            format!("weir-{}", uuid::Uuid::new_v4().simple()),
+        )
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        .set("auto.offset.reset", "error");
+    cfg.create().map_err(|source| KafkaSourceError::Kafka {
+        action: format!("connecting to {}", o.bootstrap_servers),
+        source,
+    })
+}
+
+/// The partitions of the subscribed topics. A topic or partition whose metadata comes back
+/// with an error is an error (the batch fails and runs again), never a partition that
+/// vanished: that would read it again from its start when the metadata recovers.
+pub fn partitions(
+    c: &BaseConsumer,
+    o: &KafkaOptions,
+) -> Result<Vec<(String, i32)>, KafkaSourceError> {
+    let md = c
+        .fetch_metadata(None, META_TIMEOUT)
+        .map_err(|source| KafkaSourceError::Kafka {
+            action: "fetching topic metadata".into(),
+            source,
+        })?;
+    let pattern = match &o.subscribe {
+        Subscribe::Pattern(p) => {
+            Some(regex::Regex::new(p).map_err(|e| KafkaSourceError::Invalid {
+                what: "subscribePattern".into(),
+                reason: e.to_string(),
+            })?)
+        }
+        Subscribe::Topics(_) => None,
+    };
+    let mut out = Vec::new();
+    for t in md.topics() {
+        let wanted = match (&o.subscribe, &pattern) {
+            (Subscribe::Topics(ts), _) => ts.iter().any(|x| x == t.name()),
+            (_, Some(re)) => re.is_match(t.name()),
+            _ => false,
+        };
+        if !wanted {
+            continue;
+        }
+        if let Some(e) = t.error() {
+            return Err(KafkaSourceError::Metadata {
+                topic: t.name().to_string(),
+                partition: None,
+                detail: format!("{e:?}"),
+            });
+        }
+        for p in t.partitions() {
+            if let Some(e) = p.error() {
+                return Err(KafkaSourceError::Metadata {
+                    topic: t.name().to_string(),
+                    partition: Some(p.id()),
+                    detail: format!("{e:?}"),
+                });
+            }
+            out.push((t.name().to_string(), p.id()));
+        }
+    }
+    if let Subscribe::Topics(ts) = &o.subscribe {
+        for t in ts {
+            if !out.iter().any(|(n, _)| n == t) {
+                return Err(KafkaSourceError::Metadata {
+                    topic: t.clone(),
+                    partition: None,
+                    detail: "the broker does not list the topic".into(),
+                });
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// (earliest, latest) offsets of a partition.
+pub fn watermarks(c: &BaseConsumer, topic: &str, p: i32) -> Result<(i64, i64), KafkaSourceError> {
+    c.fetch_watermarks(topic, p, META_TIMEOUT)
+        .map_err(|source| KafkaSourceError::Kafka {
+            action: format!("fetching the offsets of topic {topic} partition {p}"),
+            source,
+        })
+}

@@ -1,0 +1,178 @@
+//! The Kafka source in a pipeline file.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use weir_core::connector::{BuildEnv, DurationText, Feed, SchemaText, SourceSpec, secret};
+use weir_core::{Error, ReadLimit, Result, Source};
+
+use crate::KafkaSource;
+use crate::options::{BadRecordMode, KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
+
+/// How values become columns, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ValueFormatName {
+    Raw,
+    Json,
+}
+
+/// `[source] type = "kafka"`.
+///
+/// ```toml
+/// [source]
+/// type = "kafka"
+/// bootstrap-servers = "localhost:9092"
+/// subscribe = ["orders"]              # or subscribe-pattern = "orders-.*"
+/// starting-offsets = "earliest"       # latest | '{"orders":{"0":42}}'
+/// max-offsets-per-trigger = 200000
+/// min-offsets-per-trigger = 50000     # with max-trigger-delay = "15m"
+/// value-format = "json"               # raw (Spark's columns; include-headers = true adds headers)
+/// schema = ["order_id bigint", "updated_at timestamp"]
+/// mode = "FAILFAST"                   # PERMISSIVE | DROPMALFORMED
+/// [source.kafka]                      # librdkafka settings; env:NAME reads a secret
+/// "security.protocol" = "SASL_SSL"
+/// "sasl.password" = "env:KAFKA_PASSWORD"
+/// ```
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KafkaConfig {
+    pub bootstrap_servers: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subscribe: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscribe_pattern: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starting_offsets: Option<StartingOffsets>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_offsets_per_trigger: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_on_data_loss: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_offsets_per_trigger: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_trigger_delay: Option<DurationText>,
+    /// Passed to librdkafka as they are (`"security.protocol" = "SASL_SSL"`, ...); a value
+    /// `env:NAME` is read from the environment. Never logged.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kafka: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_format: Option<ValueFormatName>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub include_headers: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaText>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<BadRecordMode>,
+}
+
+impl KafkaConfig {
+    /// The source's options, checked (secrets read from the environment).
+    pub fn options(&self) -> Result<KafkaOptions> {
+        let mut o = KafkaOptions::new(&self.bootstrap_servers, self.subscribe.clone());
+        match (self.subscribe.is_empty(), &self.subscribe_pattern) {
+            (true, Some(p)) => o.subscribe = Subscribe::Pattern(p.clone()),
+            (false, None) => {}
+            _ => {
+                return Err(Error::config(
+                    "source.subscribe",
+                    "give either subscribe or subscribe-pattern",
+                ));
+            }
+        }
+        o.starting_offsets = self
+            .starting_offsets
+            .clone()
+            .unwrap_or(StartingOffsets::Earliest);
+        o.fail_on_data_loss = self.fail_on_data_loss.unwrap_or(true);
+        o.include_headers = self.include_headers;
+        for (k, v) in &self.kafka {
+            o.kafka
+                .insert(k.clone(), secret(&format!("source.kafka.{k}"), v)?);
+        }
+        o.value_format = match self.value_format {
+            None | Some(ValueFormatName::Raw) => {
+                if self.schema.is_some() || self.mode.is_some() {
+                    return Err(Error::config(
+                        "source.schema",
+                        "schema and mode apply to value-format = \"json\"",
+                    ));
+                }
+                ValueFormat::Raw
+            }
+            Some(ValueFormatName::Json) => {
+                let schema = self.schema.as_ref().ok_or_else(|| {
+                    Error::config("source.schema", "required with value-format = \"json\"")
+                })?;
+                if self.include_headers {
+                    return Err(Error::config(
+                        "source.include-headers",
+                        "applies to value-format = \"raw\"",
+                    ));
+                }
+                ValueFormat::Json {
+                    schema: schema.schema(),
+                    mode: self.mode.unwrap_or_default(),
+                }
+            }
+        };
+        Ok(o)
+    }
+}
+
+#[async_trait]
+impl SourceSpec for KafkaConfig {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn check(&self, _env: &BuildEnv) -> Result<()> {
+        self.read_limit()?;
+        KafkaSource::new(self.options()?).map(|_| ())
+    }
+
+    async fn build(&self, _env: &BuildEnv) -> Result<Arc<dyn Source>> {
+        Ok(Arc::new(KafkaSource::new(self.options()?)?))
+    }
+
+    fn read_limit(&self) -> Result<ReadLimit> {
+        if self.max_trigger_delay.is_some() && self.min_offsets_per_trigger.is_none() {
+            return Err(Error::config(
+                "source.max-trigger-delay",
+                "only used with min-offsets-per-trigger",
+            ));
+        }
+        Ok(ReadLimit {
+            max_rows: self.max_offsets_per_trigger,
+            min_rows: self.min_offsets_per_trigger.map(|n| {
+                (
+                    n,
+                    self.max_trigger_delay
+                        .map_or(std::time::Duration::from_secs(15 * 60), |d| d.0),
+                )
+            }),
+            ..ReadLimit::ALL
+        })
+    }
+
+    fn relocate(&mut self, feed: &Feed, batch_rows: u64) -> Result<()> {
+        match feed {
+            Feed::Kafka { brokers, topic } => {
+                self.bootstrap_servers = brokers.clone();
+                self.subscribe = vec![topic.clone()];
+                self.subscribe_pattern = None;
+                self.starting_offsets = Some(StartingOffsets::Earliest);
+                self.max_offsets_per_trigger = Some(batch_rows);
+                self.min_offsets_per_trigger = None;
+                self.max_trigger_delay = None;
+                Ok(())
+            }
+            Feed::Files { .. } => Err(Error::config(
+                "source.type",
+                "a Kafka source cannot read a folder of files",
+            )),
+        }
+    }
+}
