@@ -61,7 +61,7 @@ async fn merge_latest(sinks: &Sinks, batch: DataFrame, ctx: BatchContext) -> Res
             .with_context(|| {
                 format!(
                     "batch {id}: MERGE into the Delta table {}",
-                    sinks.delta.path().display()
+                    sinks.delta.location()
                 )
             })?;
         // 4. PostgreSQL last: staging rows for this batch, then the ledger transaction.
@@ -123,7 +123,8 @@ async fn main() -> Result<()> {
         .read_stream()
         .source(Arc::new(KafkaSource::new(options)?))
         .max_offsets_per_trigger(200_000)
-        .load()?
+        .load()
+        .await?
         .write_stream()
         .query_name("orders-upsert")
         .checkpoint(dir.join("checkpoint"))

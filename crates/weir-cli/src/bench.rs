@@ -21,8 +21,10 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::engine::{QueryListener, StreamingQueryProgress};
+use weir_core::sink::CACHE_DURATION_KEY;
 use weir_core::{
-    BatchContext, DataStreamWriter, ForeachBatch, ParquetSink, Trigger, WeirSession, dedupe_latest,
+    BatchContext, DataStreamWriter, ForeachBatch, Location, ParquetSink, SinkMetric, Trigger,
+    WeirSession, dedupe_latest,
 };
 use weir_delta::{DeltaAppend, DeltaMerge};
 use weir_postgres::{LoadMode, PostgresUpsert, tokio_postgres};
@@ -114,20 +116,12 @@ async fn scenario(
         std::fs::remove_dir_all(&dir)?;
     }
     let input = dir.join("input");
-    generate(&GenArgs {
-        dir: input.clone(),
-        files,
-        rows_per_file,
-        keys,
-        seed: 7,
-        late_ms: 60_000,
-        first_file: 0,
-    })?;
-    let out = dir.join("out");
+    generate(&GenArgs::new(input.clone(), files, rows_per_file, keys, 7))?;
+    let out = Location::local(dir.join("out"));
     let keys_col = vec!["order_id".to_string()];
     let f: Arc<dyn ForeachBatch> = match sink {
         Sink::Parquet => {
-            let parquet = Arc::new(ParquetSink::new(&out));
+            let parquet = Arc::new(ParquetSink::new(out.clone()));
             let keys_col = keys_col.clone();
             Arc::new(move |batch: DataFrame, ctx: BatchContext| {
                 let (parquet, keys_col) = (parquet.clone(), keys_col.clone());
@@ -137,8 +131,8 @@ async fn scenario(
                 }
             })
         }
-        Sink::Merge => Arc::new(DeltaMerge::new(&out, keys_col.clone(), "updated_at")),
-        Sink::Append => Arc::new(DeltaAppend::new(&out)),
+        Sink::Merge => Arc::new(DeltaMerge::new(out.clone(), keys_col.clone(), "updated_at")),
+        Sink::Append => Arc::new(DeltaAppend::new(out.clone())),
         Sink::Postgres(url, mode) => {
             let table = format!("bench_{}", name.replace('-', "_"));
             drop_table(&url, &table).await?;
@@ -155,12 +149,13 @@ async fn scenario(
         .files(&input)
         .schema(orders_schema())
         .max_files_per_trigger(per_trigger)
-        .load()?
+        .load()
+        .await?
         .write_stream()
         .query_name(name)
         .checkpoint(dir.join("checkpoint"))
         .trigger(Trigger::AvailableNow)
-        .foreach_batch_arc(f);
+        .sink_arc(f);
     let (seconds, progress, rows) = run_to_end(writer, started).await?;
     if rows != (files * rows_per_file) as u64 {
         bail!(
@@ -301,18 +296,13 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
     use weir_kafka::{BadRecordMode, KafkaOptions, KafkaSource, ValueFormat};
 
     let work = std::env::temp_dir().join(format!("weir-bench-kafka-{}", std::process::id()));
-    let files = generate(&GenArgs {
-        dir: work.join("input"),
-        files: 60,
-        rows_per_file: n / 60,
-        keys: 100_000,
-        seed: 7,
-        late_ms: 60_000,
-        first_file: 0,
-    })?;
+    let files: Vec<PathBuf> = generate(&GenArgs::new(work.join("input"), 60, n / 60, 100_000, 7))?
+        .into_iter()
+        .map(|w| w.path)
+        .collect();
     let topic = format!("weir-bench-{}", std::process::id());
     weir_kafka::create_topic(bootstrap, &topic, 3).await?;
-    let n = crate::demo::produce_lines(bootstrap, &topic, 3, &files, 0).await? as usize;
+    let n = crate::demo::produce_lines(bootstrap, &topic, 3, &files, 0, false).await? as usize;
     let mut opts = KafkaOptions::new(bootstrap, vec![topic.clone()]);
     opts.value_format = ValueFormat::Json {
         schema: orders_schema(),
@@ -323,14 +313,15 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
         .read_stream()
         .source(Arc::new(KafkaSource::new(opts)?))
         .max_offsets_per_trigger(200_000)
-        .load()?
+        .load()
+        .await?
         .write_stream()
         .query_name("kafka-bench")
         .checkpoint(work.join("checkpoint"))
         .trigger(Trigger::AvailableNow)
-        .foreach_batch(|batch: DataFrame, _ctx: BatchContext| async move {
+        .foreach_batch(|batch, _ctx| async move {
             batch.count().await?;
-            Ok::<(), weir_core::BoxError>(())
+            Ok(())
         });
     let (seconds, progress, rows) = run_to_end(writer, started).await?;
     let get_ms: u64 = progress.iter().map(|p| p.duration("getBatch")).sum();
@@ -357,41 +348,51 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
 /// The worked example as shipped (`examples/orders_upsert.toml`), on `n` orders produced to
 /// a new topic, 200,000 records per batch.
 async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> Result<()> {
-    use crate::chaos::{EXAMPLE, Target, drop_chaos_tables, rewrite};
+    use crate::chaos::{EXAMPLE, Target, retarget};
     let dir = work.join("example");
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
-    let files = generate(&GenArgs {
-        dir: dir.join("input"),
-        files: 100,
-        rows_per_file: n / 100,
-        keys: (n / 2) as u64,
-        seed: 7,
-        late_ms: 60_000,
-        first_file: 0,
-    })?;
+    let files: Vec<PathBuf> = generate(&GenArgs::new(
+        dir.join("input"),
+        100,
+        n / 100,
+        (n / 2) as u64,
+        7,
+    ))?
+    .into_iter()
+    .map(|w| w.path)
+    .collect();
     let topic = format!("weir-bench-example-{}", std::process::id());
     weir_kafka::create_topic(bootstrap, &topic, 3).await?;
-    crate::demo::produce_lines(bootstrap, &topic, 3, &files, 0).await?;
+    crate::demo::produce_lines(bootstrap, &topic, 3, &files, 0, false).await?;
     let path = dir.join("pipeline.toml");
-    let text = rewrite(
-        EXAMPLE,
-        "examples/orders_upsert.toml",
+    let mut pipeline: crate::pipeline::Pipeline = toml::from_str(EXAMPLE)?;
+    retarget(
+        &mut pipeline,
         &Target {
             dir: &dir,
-            kafka: Some(bootstrap),
+            store: Location::local(&dir),
+            feed: weir_core::connector::Feed::Kafka {
+                brokers: bootstrap.to_string(),
+                topic: topic.clone(),
+            },
             postgres: Some(url),
-            topic: &topic,
             batch_rows: 200_000,
+            retain: None,
         },
     )?;
-    std::fs::write(&path, text)?;
-    let pipeline = crate::config::Pipeline::load(&path)?;
-    drop_chaos_tables(url, &pipeline).await?;
+    std::fs::write(&path, pipeline.to_toml()?)?;
+    let pipeline = crate::pipeline::Pipeline::load(&path)?;
+    let env = pipeline.env()?;
+    for s in &pipeline.sinks {
+        if let Some(r) = s.spec().verifier(&env)? {
+            r.reset().await?;
+        }
+    }
     let started = Instant::now();
     // The rewritten file runs available-now, as `weir run` would run it.
-    let writer = pipeline.writer(&WeirSession::new())?;
+    let writer = pipeline.writer().await?;
     let (seconds, progress, rows) = run_to_end(writer, started).await?;
     if rows != n as u64 {
         bail!("example: read {rows} records, produced {n}");
@@ -414,10 +415,13 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
         duration_ms.insert(key.into(), v.into());
     }
     let mut per_sink = serde_json::Map::new();
-    let labels =
-        std::iter::once("cache".to_string()).chain(pipeline.sinks.iter().map(|s| s.label()));
-    for label in labels {
-        let key = format!("{label}.durationMs");
+    let keys = std::iter::once(("cache".to_string(), CACHE_DURATION_KEY.to_string())).chain(
+        pipeline.labels()?.into_iter().map(|l| {
+            let key = format!("{l}.{}", SinkMetric::DurationMs.key());
+            (l, key)
+        }),
+    );
+    for (label, key) in keys {
         let v = median(
             progress
                 .iter()

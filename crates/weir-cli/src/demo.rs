@@ -6,10 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use weir_core::datafusion::prelude::{DataFrame, JsonReadOptions, SessionContext};
-use weir_core::{
-    BatchContext, BoxError, ForeachBatch, ParquetSink, Trigger, WeirSession, dedupe_latest,
-};
+use weir_core::datafusion::prelude::{JsonReadOptions, SessionContext};
+use weir_core::{ForeachBatch, Location, ParquetSink, Trigger, WeirSession, dedupe_latest};
 use weir_delta::{DeltaMerge, read_table, table_version};
 use weir_kafka::{BadRecordMode, KafkaOptions, KafkaSource, ValueFormat};
 use weir_postgres::{PostgresUpsert, tokio_postgres};
@@ -74,15 +72,13 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         pg_exec(url, &format!("DROP TABLE IF EXISTS {PG_TABLE}")).await?;
     }
     let input = dir.join("input");
-    generate(&GenArgs {
-        dir: input.clone(),
-        files: args.files,
-        rows_per_file: args.rows_per_file,
-        keys: args.keys,
-        seed: 42,
-        late_ms: 60_000,
-        first_file: 0,
-    })?;
+    generate(&GenArgs::new(
+        input.clone(),
+        args.files,
+        args.rows_per_file,
+        args.keys,
+        42,
+    ))?;
     let delta_path = dir.join("orders_delta");
     let parquet_path = dir.join("orders_applied_parquet");
     println!(
@@ -93,27 +89,25 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         input.display()
     );
 
-    let merge = Arc::new(DeltaMerge::new(
-        &delta_path,
-        vec!["order_id".into()],
-        "updated_at",
-    ));
-    let parquet = Arc::new(ParquetSink::new(&parquet_path));
+    let delta_at = Location::local(&delta_path);
+    let merge = DeltaMerge::new(delta_at.clone(), ["order_id"], "updated_at");
+    let parquet = ParquetSink::new(Location::local(&parquet_path));
     let pg = args.postgres.as_ref().map(|url| {
-        Arc::new(
-            PostgresUpsert::new(url, PG_TABLE, vec!["order_id".into()], "updated_at")
-                .create_table(true)
-                .dedupe(false),
-        )
+        PostgresUpsert::new(url, PG_TABLE, ["order_id"], "updated_at")
+            .create_table(true)
+            .dedupe(false)
     });
     let session = WeirSession::new();
     let stream = match &args.kafka {
-        None => session
-            .read_stream()
-            .files(&input)
-            .schema(orders_schema())
-            .max_files_per_trigger(args.max_files_per_trigger)
-            .load()?,
+        None => {
+            session
+                .read_stream()
+                .files(&input)
+                .schema(orders_schema())
+                .max_files_per_trigger(args.max_files_per_trigger)
+                .load()
+                .await?
+        }
         Some(brokers) => {
             let topic = produce_orders(brokers, &input).await?;
             println!("produced the orders to Kafka topic {topic} on {brokers}");
@@ -126,7 +120,8 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                 .read_stream()
                 .source(Arc::new(KafkaSource::new(o)?))
                 .max_offsets_per_trigger((args.max_files_per_trigger * args.rows_per_file) as u64)
-                .load()?
+                .load()
+                .await?
         }
     };
     let query = stream
@@ -135,9 +130,9 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         .checkpoint(dir.join("checkpoint"))
         .trigger(Trigger::AvailableNow)
         .listener(Arc::new(HumanLines))
-        .foreach_batch(move |batch: DataFrame, ctx: BatchContext| {
-            let (merge, parquet, pg) = (merge.clone(), parquet.clone(), pg.clone());
-            async move {
+        .foreach_batch_with(
+            (merge, parquet, pg),
+            |(merge, parquet, pg), batch, ctx| async move {
                 // The worked example: newest row per order, held once for every write,
                 // the write hardest to undo (PostgreSQL) last.
                 let latest = dedupe_latest(batch, &["order_id".to_string()], "updated_at")?
@@ -148,9 +143,9 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                 if let Some(pg) = pg {
                     pg.call(latest, ctx).await?;
                 }
-                Ok::<(), BoxError>(())
-            }
-        })
+                Ok(())
+            },
+        )
         .start()
         .await?;
     query.await_termination().await?;
@@ -167,11 +162,11 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let input_rows = all.clone().count().await?;
     let reference = dedupe_latest(all, &["order_id".to_string()], "updated_at")?;
     let expected = reference.clone().count().await?;
-    let table = read_table(&ctx, &delta_path).await?;
+    let table = read_table(&ctx, &delta_at).await?;
     let table_rows = table.clone().count().await?;
     let missing = reference.clone().except(table.clone())?.count().await?;
     let extra = table.except(reference)?.count().await?;
-    let version = table_version(&delta_path)
+    let version = table_version(&delta_at)
         .await?
         .map_or("none".to_string(), |v| v.to_string());
     let applied = ctx
@@ -227,19 +222,20 @@ async fn produce_orders(brokers: &str, input: &Path) -> Result<String> {
         .map(|e| e.path())
         .collect();
     files.sort();
-    produce_lines(brokers, &topic, 3, &files, 0).await?;
+    produce_lines(brokers, &topic, 3, &files, 0, false).await?;
     Ok(topic)
 }
 
 /// Produces every line of `files` to `topic`, round-robin over `partitions` starting after
-/// `sent` earlier records; all are in flight at once, then each delivery is awaited.
-/// Returns the number of records produced.
+/// `sent` earlier records (with `skew`, 4 records in 5 go to partition 0); all are in flight
+/// at once, then each delivery is awaited. Returns the number of records produced.
 pub async fn produce_lines(
     brokers: &str,
     topic: &str,
     partitions: i32,
     files: &[PathBuf],
     sent: u64,
+    skew: bool,
 ) -> Result<u64> {
     use weir_kafka::rdkafka::ClientConfig;
     use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
@@ -255,8 +251,14 @@ pub async fn produce_lines(
         let text =
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
         for line in text.lines() {
+            let n = partitions.max(1) as u64;
+            let partition = if skew && n > 1 {
+                if i % 5 < 4 { 0 } else { 1 + (i / 5) % (n - 1) }
+            } else {
+                i % n
+            };
             let record = FutureRecord::<(), _>::to(topic)
-                .partition((i % partitions as u64) as i32)
+                .partition(partition as i32)
                 .payload(line);
             let delivery = producer
                 .send_result(record)

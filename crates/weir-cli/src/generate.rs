@@ -35,18 +35,61 @@ pub struct GenArgs {
     /// The first file's number (to add files to a folder that has some).
     #[arg(long, default_value_t = 0)]
     pub first_file: usize,
+    /// Input that looks like real input: some file names with brackets, `*`, `?`, spaces,
+    /// `%` and non-ASCII letters, every 7th file empty, NULL `status`/`amount` in some rows,
+    /// and rows that tie with another row of their order on `updated_at`.
+    #[arg(long)]
+    pub odd: bool,
+}
+
+impl GenArgs {
+    /// `files` files of `rows_per_file` rows over `keys` order ids, seeded.
+    pub fn new(dir: PathBuf, files: usize, rows_per_file: usize, keys: u64, seed: u64) -> Self {
+        GenArgs {
+            dir,
+            files,
+            rows_per_file,
+            keys,
+            seed,
+            late_ms: 60_000,
+            first_file: 0,
+            odd: false,
+        }
+    }
+}
+
+/// What `generate` wrote.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub path: PathBuf,
+    pub rows: usize,
+}
+
+/// The name of file number `f`: plain, or (with `odd`) one of a set of awkward names.
+fn file_name(f: usize, odd: bool) -> String {
+    if !odd {
+        return format!("orders-{f:05}.json");
+    }
+    match f % 6 {
+        0 => format!("orders[{f:05}].json"),
+        1 => format!("orders {f:05} (copy).json"),
+        2 => format!("orders-{f:05}*?.json"),
+        3 => format!("örders-{f:05}-ünïcode.json"),
+        4 => format!("orders%20{f:05}%.json"),
+        _ => format!("orders-{f:05}.json"),
+    }
 }
 
 /// The schema of the order files.
 pub fn orders_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        Field::new("order_id", DataType::Int64, false),
-        Field::new("status", DataType::Utf8, false),
-        Field::new("amount", DataType::Float64, false),
+        Field::new("order_id", DataType::Int64, true),
+        Field::new("status", DataType::Utf8, true),
+        Field::new("amount", DataType::Float64, true),
         Field::new(
             "updated_at",
             DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            false,
+            true,
         ),
     ]))
 }
@@ -69,8 +112,8 @@ impl SplitMix {
 }
 
 /// Writes the files (each to a hidden temp name, then renamed, so a watching source never
-/// sees half a file). Returns the paths in order.
-pub fn generate(args: &GenArgs) -> Result<Vec<PathBuf>> {
+/// sees half a file). Returns the files in order with their row counts.
+pub fn generate(args: &GenArgs) -> Result<Vec<Written>> {
     fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let mut rng = SplitMix(args.seed);
     // Skip the sequence of earlier files so that `first_file` continues a series.
@@ -80,13 +123,24 @@ pub fn generate(args: &GenArgs) -> Result<Vec<PathBuf>> {
     let mut paths = Vec::with_capacity(args.files);
     let mut line = String::with_capacity(128);
     for f in args.first_file..args.first_file + args.files {
-        let path = args.dir.join(format!("orders-{f:05}.json"));
-        let tmp = args.dir.join(format!(".orders-{f:05}.json.tmp"));
+        let name = file_name(f, args.odd);
+        let path = args.dir.join(&name);
+        let tmp = args.dir.join(format!(".{name}.tmp"));
+        let empty = args.odd && f % 7 == 3;
+        let mut rows = 0;
+        let mut last_of_key: std::collections::HashMap<u64, i64> = std::collections::HashMap::new();
         let mut out = std::io::BufWriter::new(
             fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
         );
         for r in 0..args.rows_per_file {
             let seq = (f * args.rows_per_file + r) as i64;
+            if empty {
+                // Keep the sequence of the other files the same.
+                rng.next();
+                rng.next();
+                rng.next();
+                continue;
+            }
             let key = rng.next() % args.keys.max(1);
             let status = STATUSES[(rng.next() % STATUSES.len() as u64) as usize];
             let cents = rng.next() % 100_000;
@@ -97,25 +151,43 @@ pub fn generate(args: &GenArgs) -> Result<Vec<PathBuf>> {
             };
             // Microseconds carry seq % 1000, so no two rows share a timestamp while
             // late_ms < 100 s: "the latest row per key" is always well defined.
-            let ts_us = (BASE_MS + seq * 100 - late as i64) * 1000 + seq % 1000;
+            let mut ts_us = (BASE_MS + seq * 100 - late as i64) * 1000 + seq % 1000;
+            // With `odd`, one row in 10 takes the timestamp of its order's previous row: a
+            // tie that the other columns decide.
+            if args.odd
+                && seq % 10 == 5
+                && let Some(prev) = last_of_key.get(&key)
+            {
+                ts_us = *prev;
+            }
+            last_of_key.insert(key, ts_us);
             let ts = chrono::DateTime::from_timestamp_micros(ts_us)
                 .context("timestamp out of range")?
                 .format("%Y-%m-%dT%H:%M:%S%.6fZ");
             line.clear();
             use std::fmt::Write as _;
+            let status = if args.odd && seq % 17 == 4 {
+                "null".to_string()
+            } else {
+                format!("\"{status}\"")
+            };
+            let amount = if args.odd && seq % 13 == 6 {
+                "null".to_string()
+            } else {
+                format!("{}.{:02}", cents / 100, cents % 100)
+            };
             let _ = write!(
                 line,
-                "{{\"order_id\":{key},\"status\":\"{status}\",\"amount\":{}.{:02},\"updated_at\":\"{ts}\"}}",
-                cents / 100,
-                cents % 100
+                "{{\"order_id\":{key},\"status\":{status},\"amount\":{amount},\"updated_at\":\"{ts}\"}}"
             );
+            rows += 1;
             line.push('\n');
             out.write_all(line.as_bytes())?;
         }
         let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))?;
-        paths.push(path);
+        paths.push(Written { path, rows });
     }
     Ok(paths)
 }

@@ -2,9 +2,9 @@
 
 mod bench;
 mod chaos;
-mod config;
 mod demo;
 mod generate;
+mod pipeline;
 mod report;
 mod show;
 
@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use weir_core::WeirSession;
 
 #[derive(Parser)]
 #[command(
@@ -59,8 +58,8 @@ enum Command {
 
 #[derive(Subcommand)]
 enum CheckpointCommand {
-    /// Batches, the pending one, offsets and files per batch.
-    Show { dir: PathBuf },
+    /// Batches, the pending one, offsets and files per batch (a folder or a URL).
+    Show { dir: String },
 }
 
 fn main() -> ExitCode {
@@ -116,13 +115,13 @@ async fn dispatch(command: Command) -> Result<()> {
         Command::Chaos(args) => chaos::run(args).await,
         Command::Checkpoint {
             command: CheckpointCommand::Show { dir },
-        } => show::show(&dir),
+        } => show::show(&dir).await,
     }
 }
 
 async fn run_pipeline(path: &std::path::Path, progress: Option<&str>, quiet: bool) -> Result<()> {
-    let pipeline = config::Pipeline::load(path)?;
-    let mut writer = pipeline.writer(&WeirSession::new())?;
+    let pipeline = pipeline::Pipeline::load(path)?;
+    let mut writer = pipeline.writer().await?;
     if let Some(p) = progress {
         writer = writer.listener(Arc::new(report::JsonLines::open(p)?));
     }

@@ -4,7 +4,9 @@ use std::io::Write;
 use std::sync::Mutex;
 
 use anyhow::{Context, Result};
+use weir_core::SinkMetric;
 use weir_core::engine::{FallingBehind, QueryListener, QueryStarted, StreamingQueryProgress};
+use weir_core::sink::CACHE_DURATION_KEY;
 
 /// One human line per batch on stdout.
 pub struct HumanLines;
@@ -23,13 +25,17 @@ impl QueryListener for HumanLines {
     }
 
     fn on_query_progress(&self, p: &StreamingQueryProgress) {
-        let skipped: Vec<&str> = p
-            .sink
-            .metrics
-            .iter()
-            .filter(|(k, _)| k.ends_with(".skipped"))
-            .map(|(k, _)| k.trim_end_matches(".skipped"))
-            .collect();
+        let mut skipped: Vec<&str> = Vec::new();
+        let mut per_sink: Vec<String> = Vec::new();
+        for (k, v) in &p.sink.metrics {
+            match SinkMetric::parse_key(k) {
+                Some((sink, SinkMetric::Skipped)) => skipped.push(sink),
+                Some((sink, SinkMetric::DurationMs)) if k != CACHE_DURATION_KEY => {
+                    per_sink.push(format!("{sink} {v} ms"))
+                }
+                _ => {}
+            }
+        }
         let out = if p.sink.num_output_rows >= 0 {
             format!(", {} rows written", p.sink.num_output_rows)
         } else {
@@ -40,12 +46,6 @@ impl QueryListener for HumanLines {
         } else {
             format!(", skipped as already written: {}", skipped.join(", "))
         };
-        let per_sink: Vec<String> = p
-            .sink
-            .metrics
-            .iter()
-            .filter_map(|(k, v)| Some(format!("{} {v} ms", k.strip_suffix(".durationMs")?)))
-            .collect();
         let per_sink = if per_sink.len() > 1 {
             format!(": {}", per_sink.join(", "))
         } else {

@@ -1,21 +1,20 @@
 //! `weir checkpoint show DIR`.
 
-use std::path::Path;
-
 use anyhow::Result;
 use weir_core::checkpoint::{Checkpoint, StartPoint};
+use weir_core::storage::{Location, StorageOptions};
 
-pub fn show(dir: &Path) -> Result<()> {
-    if !dir.join("metadata").exists() {
-        anyhow::bail!(
-            "{} is not a checkpoint: it has no metadata file",
-            dir.display()
-        );
-    }
-    let cp = Checkpoint::open(dir)?;
-    let (offsets, commits) = cp.batch_ids()?;
-    println!("checkpoint {}", dir.display());
+pub async fn show(at: &str) -> Result<()> {
+    let root = Location::parse("checkpoint", at, None, &StorageOptions::default())?;
+    let Some(cp) = Checkpoint::inspect(root.clone()).await? else {
+        anyhow::bail!("{root} is not a checkpoint: it has no metadata file");
+    };
+    let (offsets, commits) = cp.batch_ids().await?;
+    println!("checkpoint {root}");
     println!("query id   {}", cp.query_id());
+    if let Some(n) = cp.created_name() {
+        println!("created as {n}");
+    }
     match (offsets.first(), offsets.last()) {
         (Some(a), Some(b)) => println!(
             "batches    {a}..={b} in the offset log, {} committed",
@@ -23,21 +22,22 @@ pub fn show(dir: &Path) -> Result<()> {
         ),
         _ => println!("batches    none yet"),
     }
-    match cp.recover() {
+    match cp.recover().await {
         Ok(StartPoint::Fresh) => println!("next start fresh: batch 0"),
         Ok(StartPoint::Next { batch_id, .. }) => println!("next start new batch {batch_id}"),
         Ok(StartPoint::Replay { batch_id, .. }) => {
             println!("pending    batch {batch_id} is not committed: the next start runs it again")
         }
-        Err(e) => println!("problem    {e}"),
+        Err(e) => println!("problem    {}", weir_core::sink::error_chain(&e)),
     }
+    let log = cp.source_log(0);
     for id in &offsets {
         let state = if commits.contains(id) {
             "committed"
         } else {
             "PENDING"
         };
-        match cp.read_offsets(*id) {
+        match cp.read_offsets(*id).await {
             Ok(seq) => {
                 let ts = chrono::DateTime::from_timestamp_millis(seq.metadata.batch_timestamp_ms)
                     .map(|t| t.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
@@ -51,14 +51,14 @@ pub fn show(dir: &Path) -> Result<()> {
                     "batch {id:>6}  {state:<9}  {ts}  offsets {}",
                     offs.join(" ")
                 );
-                if let Some(log) = seq
+                if let Some(n) = seq
                     .offsets
                     .first()
                     .cloned()
                     .flatten()
                     .and_then(|o| o.json().get("logOffset").and_then(|v| v.as_u64()))
                 {
-                    for f in source_files(dir, log) {
+                    for f in source_files(&log, n).await {
                         println!("               file {f}");
                     }
                 }
@@ -70,19 +70,14 @@ pub fn show(dir: &Path) -> Result<()> {
 }
 
 /// The files recorded for a file source log offset (plain entry, or the compact one).
-fn source_files(dir: &Path, log: u64) -> Vec<String> {
-    let base = dir.join("sources").join("0");
-    let candidates = [
-        base.join(log.to_string()),
-        base.join(format!("{log}.compact")),
-    ];
-    for p in candidates {
-        if let Ok(text) = std::fs::read_to_string(&p) {
-            return text
+async fn source_files(log: &Location, n: u64) -> Vec<String> {
+    for name in [n.to_string(), format!("{n}.compact")] {
+        if let Ok(Some(bytes)) = log.get(&name).await {
+            return String::from_utf8_lossy(&bytes)
                 .lines()
                 .skip(1)
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter(|v| v.get("batchId").and_then(|b| b.as_u64()) == Some(log))
+                .filter(|v| v.get("batchId").and_then(|b| b.as_u64()) == Some(n))
                 .filter_map(|v| v.get("path").and_then(|p| p.as_str()).map(str::to_string))
                 .collect();
         }

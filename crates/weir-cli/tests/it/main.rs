@@ -211,7 +211,7 @@ async fn a_kill_around_the_delta_commit_leaves_the_table_equal_to_the_reference_
         }
 
         let ctx = SessionContext::new();
-        let table = weir_delta::read_table(&ctx, &dir.path().join("delta"))
+        let table = weir_delta::read_table(&ctx, &dir.path().join("delta").into())
             .await
             .unwrap();
         let got = rows(
@@ -236,7 +236,7 @@ async fn a_kill_around_the_delta_commit_leaves_the_table_equal_to_the_reference_
             rows(reference).await,
             "{point}: table = newest row per key over all input"
         );
-        let version = weir_delta::table_version(&dir.path().join("delta"))
+        let version = weir_delta::table_version(&dir.path().join("delta").into())
             .await
             .unwrap();
         assert_eq!(
@@ -407,7 +407,7 @@ async fn a_kill_around_the_postgres_transaction_leaves_the_table_equal_to_the_re
             vec!["0", "1", "2", "3", "4"],
             "{point}: one ledger row per batch"
         );
-        let version = weir_delta::table_version(&dir.path().join("delta"))
+        let version = weir_delta::table_version(&dir.path().join("delta").into())
             .await
             .unwrap();
         assert_eq!(version, Some(4), "{point}: one Delta commit per batch");
@@ -638,7 +638,7 @@ ordering = "updated_at"
     assert!(
         checked.contains(&format!(
             "delta-append {}: {records} rows",
-            work.join("delta_0").display()
+            work.join("delta_append_0").display()
         )),
         "{checked}"
     );

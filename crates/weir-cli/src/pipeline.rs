@@ -1,0 +1,251 @@
+//! Pipelines from TOML: a dispatch over the connectors' own config types. Unknown keys and
+//! bad values are refused, naming the key, before anything runs. Relative paths are taken
+//! from the folder of the TOML file.
+//!
+//! ```toml
+//! [query]
+//! name = "orders"
+//! checkpoint = "chk"                 # or s3://bucket/chk, az://..., gs://...
+//! trigger = "available-now"          # once | 30s | 0 (as fast as possible)
+//!
+//! [storage]                          # object-store settings; env:NAME reads a secret
+//! aws_endpoint = "http://127.0.0.1:9000"
+//!
+//! [source]
+//! type = "files"
+//! path = "in"
+//! format = "json"
+//! schema = ["order_id bigint", "status string", "amount double", "updated_at timestamp"]
+//!
+//! [transform]
+//! sql = "SELECT * FROM batch WHERE amount > 0"
+//!
+//! [[sink]]
+//! type = "parquet"
+//! path = "out"
+//! ```
+//!
+//! Each `type` is a connector's config type; adding a connector adds one variant here.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow};
+use serde::{Deserialize, Serialize};
+use weir_core::connector::{BuildEnv, DurationText, SinkSpec, SourceSpec, secret};
+use weir_core::sink::{ConsoleConfig, ParquetConfig};
+use weir_core::source::RateConfig;
+use weir_core::source::file::FilesConfig;
+use weir_core::storage::StorageOptions;
+use weir_core::{DataStreamWriter, FanOut, ForeachBatch, Trigger, WeirSession};
+use weir_delta::{DeltaAppendConfig, DeltaMergeConfig};
+use weir_kafka::KafkaConfig;
+use weir_postgres::PostgresUpsertConfig;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Pipeline {
+    pub query: QueryConfig,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub storage: BTreeMap<String, String>,
+    pub source: SourceConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<TransformConfig>,
+    #[serde(rename = "sink")]
+    pub sinks: Vec<SinkConfig>,
+    /// The pipeline file's folder: relative paths are taken from here.
+    #[serde(skip)]
+    pub base: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct QueryConfig {
+    pub name: String,
+    pub checkpoint: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_batches_to_retain: Option<u64>,
+    /// How long the lease of an object-store checkpoint lives without renewal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl: Option<DurationText>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TransformConfig {
+    pub sql: String,
+}
+
+/// `[source] type = ...`: one variant per source connector.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum SourceConfig {
+    Files(FilesConfig),
+    Kafka(KafkaConfig),
+    Rate(RateConfig),
+}
+
+impl SourceConfig {
+    pub fn spec(&self) -> &dyn SourceSpec {
+        match self {
+            SourceConfig::Files(c) => c,
+            SourceConfig::Kafka(c) => c,
+            SourceConfig::Rate(c) => c,
+        }
+    }
+
+    pub fn spec_mut(&mut self) -> &mut dyn SourceSpec {
+        match self {
+            SourceConfig::Files(c) => c,
+            SourceConfig::Kafka(c) => c,
+            SourceConfig::Rate(c) => c,
+        }
+    }
+}
+
+/// `[[sink]] type = ...`: one variant per sink connector.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum SinkConfig {
+    Parquet(ParquetConfig),
+    Console(ConsoleConfig),
+    DeltaAppend(DeltaAppendConfig),
+    DeltaMerge(DeltaMergeConfig),
+    PostgresUpsert(PostgresUpsertConfig),
+}
+
+impl SinkConfig {
+    pub fn spec(&self) -> &dyn SinkSpec {
+        match self {
+            SinkConfig::Parquet(c) => c,
+            SinkConfig::Console(c) => c,
+            SinkConfig::DeltaAppend(c) => c,
+            SinkConfig::DeltaMerge(c) => c,
+            SinkConfig::PostgresUpsert(c) => c,
+        }
+    }
+
+    pub fn spec_mut(&mut self) -> &mut dyn SinkSpec {
+        match self {
+            SinkConfig::Parquet(c) => c,
+            SinkConfig::Console(c) => c,
+            SinkConfig::DeltaAppend(c) => c,
+            SinkConfig::DeltaMerge(c) => c,
+            SinkConfig::PostgresUpsert(c) => c,
+        }
+    }
+}
+
+impl Pipeline {
+    /// Reads and checks a pipeline file; relative paths are taken from its folder.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let base = std::path::absolute(path.parent().unwrap_or(Path::new(".")))?;
+        Self::parse(&text, &path.display().to_string(), &base)
+    }
+
+    /// Parses and checks pipeline text, with relative paths taken from `base`.
+    pub fn parse(text: &str, origin: &str, base: &Path) -> Result<Self> {
+        let mut p: Pipeline = toml::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
+        p.base = Some(base.to_path_buf());
+        p.check().with_context(|| origin.to_string())?;
+        Ok(p)
+    }
+
+    /// The pipeline as TOML (for `weir chaos`, which writes a retargeted copy).
+    pub fn to_toml(&self) -> Result<String> {
+        Ok(toml::to_string(self)?)
+    }
+
+    /// Where configs are resolved: the file's folder and the `[storage]` settings.
+    pub fn env(&self) -> Result<BuildEnv> {
+        let mut values = BTreeMap::new();
+        for (k, v) in &self.storage {
+            values.insert(k.clone(), secret(&format!("storage.{k}"), v)?);
+        }
+        Ok(BuildEnv {
+            base: self.base.clone(),
+            storage: StorageOptions::new(values)?,
+        })
+    }
+
+    /// Checks the values serde cannot, without reading or writing anything.
+    pub fn check(&self) -> Result<()> {
+        self.trigger()?;
+        let env = self.env()?;
+        env.location("query.checkpoint", &self.query.checkpoint)?;
+        self.source.spec().check(&env)?;
+        self.source.spec().read_limit()?;
+        if self.sinks.is_empty() {
+            anyhow::bail!("invalid setting 'sink': at least one [[sink]] is required");
+        }
+        for (i, s) in self.sinks.iter().enumerate() {
+            s.spec()
+                .build(&env)
+                .with_context(|| format!("sink[{i}] ({})", s.spec().kind()))?;
+        }
+        Ok(())
+    }
+
+    /// The trigger (default: available-now, which suits a command that should finish).
+    pub fn trigger(&self) -> Result<Trigger> {
+        match &self.query.trigger {
+            None => Ok(Trigger::AvailableNow),
+            Some(t) => t.parse::<Trigger>().map_err(|e| anyhow!("query.{e}")),
+        }
+    }
+
+    /// The sinks' labels, in file order.
+    pub fn labels(&self) -> Result<Vec<String>> {
+        let env = self.env()?;
+        Ok(self.sinks.iter().map(|s| s.spec().label(&env)).collect())
+    }
+
+    /// The sinks, in the order the file lists them, with their labels.
+    pub fn sinks(&self) -> Result<Vec<(String, Arc<dyn ForeachBatch>)>> {
+        let env = self.env()?;
+        self.sinks
+            .iter()
+            .map(|s| Ok((s.spec().label(&env), s.spec().build(&env)?)))
+            .collect()
+    }
+
+    /// The session for this pipeline: its storage settings.
+    pub fn session(&self) -> Result<WeirSession> {
+        Ok(WeirSession::new().storage_options(self.env()?.storage))
+    }
+
+    /// The whole query, ready for listeners and `start()`: the source with the transform,
+    /// name, checkpoint, trigger, retention and the sinks in file order behind one FanOut.
+    pub async fn writer(&self) -> Result<DataStreamWriter> {
+        let env = self.env()?;
+        let session = self.session()?;
+        let spec = self.source.spec();
+        let mut frame = session
+            .read_stream()
+            .source(spec.build(&env).await?)
+            .load()
+            .await?
+            .with_read_limit(spec.read_limit()?);
+        if let Some(t) = &self.transform {
+            frame = frame.sql(t.sql.clone());
+        }
+        let mut writer = frame
+            .write_stream()
+            .query_name(&self.query.name)
+            .checkpoint(env.location("query.checkpoint", &self.query.checkpoint)?)
+            .trigger(self.trigger()?)
+            .sink(FanOut::new(self.sinks()?));
+        if let Some(n) = self.query.min_batches_to_retain {
+            writer = writer.min_batches_to_retain(n);
+        }
+        if let Some(t) = self.query.lease_ttl {
+            writer = writer.lease_ttl(t.0);
+        }
+        Ok(writer)
+    }
+}
