@@ -61,6 +61,17 @@ pub fn split_limit(
         .collect()
 }
 
+/// Spark's `minOffsetsPerTrigger` gate: wait (plan no batch) while fewer than `min` new
+/// records are available, unless `delay` has passed since the last batch.
+pub fn wait_for_more(
+    available: u64,
+    min: u64,
+    waited: std::time::Duration,
+    delay: std::time::Duration,
+) -> bool {
+    available < min && waited < delay
+}
+
 /// Checks `begin` against the partition's watermarks: data loss is an error, or (with
 /// failOnDataLoss=false) a warning and a start at the earliest offset still there.
 pub fn check_loss(
@@ -119,6 +130,15 @@ mod tests {
         assert_eq!(take(&[1, 1, 1], 2), vec![1, 1, 1]);
         // A small partition next to big ones still gets a record each batch.
         assert_eq!(take(&[1_000_000, 1_000_000, 3], 10), vec![4, 4, 1]);
+    }
+
+    #[test]
+    fn min_offsets_wait_for_enough_records_or_the_delay() {
+        use std::time::Duration;
+        let s = Duration::from_secs;
+        assert!(wait_for_more(3, 100, s(1), s(15)));
+        assert!(!wait_for_more(3, 100, s(15), s(15)), "the delay passed");
+        assert!(!wait_for_more(100, 100, s(0), s(15)), "enough records");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use weir_core::{Error, ReadLimit, Result, Source, SourceOffset};
 
 use crate::client::{consumer, partitions, watermarks};
 use crate::error::KafkaSourceError;
-use crate::offsets::{self, check_loss, split_limit};
+use crate::offsets::{self, check_loss, split_limit, wait_for_more};
 use crate::options::{KafkaOptions, StartingOffsets, Subscribe};
 use crate::{PartitionOffsets, read};
 
@@ -32,6 +32,8 @@ pub struct KafkaSource {
     available_now: Mutex<Option<BTreeMap<(String, i32), i64>>>,
     /// Where the last planned batch ended, for `reached_available_now`.
     last_end: Mutex<Option<BTreeMap<(String, i32), i64>>>,
+    /// The latest offsets at the last `latest_offset`, for progress.
+    latest: Mutex<Option<SourceOffset>>,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -64,6 +66,7 @@ impl KafkaSource {
             last_batch: Mutex::new(Instant::now()),
             available_now: Mutex::new(None),
             last_end: Mutex::new(None),
+            latest: Mutex::new(None),
         })
     }
 
@@ -242,6 +245,12 @@ impl Source for KafkaSource {
     ) -> Result<Option<SourceOffset>> {
         let begin = self.start_of(start).await?;
         let (begins, mut highs) = self.positions(begin).await?;
+        let mut latest = PartitionOffsets::new();
+        for ((t, p), h) in &highs {
+            latest.entry(t.clone()).or_default().insert(*p, *h);
+        }
+        *self.latest.lock().map_err(|_| self.poisoned())? =
+            Some(SourceOffset::new(offsets::to_json(&latest)));
         // AvailableNow: never beyond what was there at the start.
         if let Some(target) = self
             .available_now
@@ -296,7 +305,7 @@ impl Source for KafkaSource {
                 .lock()
                 .map(|t| t.elapsed())
                 .unwrap_or_default();
-            if moved && (available as u64) < min && waited < delay {
+            if moved && wait_for_more(available as u64, min, waited, delay) {
                 tracing::debug!(
                     "{available} new records < minOffsetsPerTrigger {min}; waiting (maxTriggerDelay {delay:?})"
                 );
@@ -330,5 +339,9 @@ impl Source for KafkaSource {
 
     fn metrics(&self) -> BTreeMap<String, String> {
         self.behind.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    fn latest_seen(&self) -> Option<SourceOffset> {
+        self.latest.lock().ok().and_then(|l| l.clone())
     }
 }

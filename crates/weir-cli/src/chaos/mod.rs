@@ -101,6 +101,10 @@ pub struct ChaosArgs {
     /// Print the summary as one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Print the fault points the pipeline's connectors declare (a JSON array, in the
+    /// order a batch passes them) and exit.
+    #[arg(long)]
+    pub list_points: bool,
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -260,6 +264,10 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
     if args.store.is_some() && pipeline.query.lease_ttl.is_none() {
         // Restarts after a kill wait for the dead run's lease: keep it short.
         pipeline.query.lease_ttl = Some(weir_core::connector::DurationText(Duration::from_secs(2)));
+    }
+    if args.list_points {
+        println!("{}", serde_json::to_string(&points(&pipeline))?);
+        return Ok(());
     }
     let pipeline_path = dir.join("pipeline.toml");
     std::fs::write(&pipeline_path, pipeline.to_toml()?)?;

@@ -18,6 +18,7 @@
 mod lock;
 pub mod log;
 pub mod recovery;
+pub mod retention;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -418,19 +419,17 @@ impl Checkpoint {
     /// both logs; later calls delete just the entries that fell out of retention since.
     pub async fn purge(&self, keep_from: u64) -> Result<()> {
         let below = self.purged_below.load(Ordering::Relaxed);
-        if keep_from <= below {
-            return Ok(());
-        }
+        let plan = retention::purge((below > 0).then_some(below), keep_from);
         for dir in [self.offsets_dir(), self.commits_dir()] {
-            let doomed: Vec<String> = if below == 0 {
-                list_ids(&dir)
+            let doomed: Vec<String> = match &plan {
+                retention::Purge::Nothing => return Ok(()),
+                retention::Purge::ListBelow(k) => list_ids(&dir)
                     .await?
                     .into_iter()
-                    .filter(|&id| id < keep_from)
+                    .filter(|id| id < k)
                     .map(|id| id.to_string())
-                    .collect()
-            } else {
-                (below..keep_from).map(|id| id.to_string()).collect()
+                    .collect(),
+                retention::Purge::Range(r) => r.clone().map(|id| id.to_string()).collect(),
             };
             dir.delete_many(doomed).await?;
         }

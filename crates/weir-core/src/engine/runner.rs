@@ -339,7 +339,12 @@ impl Runner {
         fault::hit("after-offsets-write", id)?;
         Ok(Some(Planned {
             id,
-            latest: Some(end.clone()),
+            latest: Some(
+                self.spec
+                    .source
+                    .latest_seen()
+                    .unwrap_or_else(|| end.clone()),
+            ),
             end,
             metadata,
             replay: false,
@@ -431,7 +436,7 @@ impl Runner {
             .commit(&p.end)
             .await
             .map_err(self.in_batch(id, "telling the source the batch is committed"))?;
-        if let Some(keep_from) = (id + 1).checked_sub(self.spec.retain) {
+        if let Some(keep_from) = crate::checkpoint::retention::keep_from(id, self.spec.retain) {
             self.spec.checkpoint.purge(keep_from).await?;
         }
         durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);

@@ -133,6 +133,12 @@ pub trait Source: Send + Sync {
         end: &SourceOffset,
     ) -> Result<DataFrame>;
 
+    /// The newest offset the source saw at the last `latest_offset`, before any read
+    /// limit: the progress report's `latestOffset` (`None`: the same as the batch's end).
+    fn latest_seen(&self) -> Option<SourceOffset> {
+        None
+    }
+
     /// Figures for the progress report's `sources[].metrics` (e.g. Kafka's
     /// `maxOffsetsBehindLatest`), as of the last `latest_offset`.
     fn metrics(&self) -> std::collections::BTreeMap<String, String> {

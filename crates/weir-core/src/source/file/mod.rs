@@ -39,6 +39,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::decode::{BadRecordMode, output_schema};
 use super::{ReadLimit, Source, SourceInit, SourceOffset};
+use crate::checkpoint::retention::{Purge, log_keep_from, purge};
 use crate::error::{Error, Result};
 use crate::storage::{FileMeta, Location, blocking, is_hidden};
 pub use config::{CleanName, FilesConfig, FormatName};
@@ -509,59 +510,7 @@ impl Source for FileSource {
         let mode = self.opts.mode;
         let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
         let decoded: Vec<(RecordBatch, u64)> = futures::stream::iter(files)
-            .map(|e| {
-                let dir = dir.clone();
-                let format = format.clone();
-                let base = base.clone();
-                async move {
-                    let name = e.name();
-                    let shown = dir.describe(&name);
-                    let changed = |change: String| Error::InputChanged {
-                        file: shown.clone(),
-                        batch_id: e.batch_id,
-                        change,
-                    };
-                    let now = dir.head(&name).await?;
-                    let Some(now) = now else {
-                        return Err(changed("is gone".into()));
-                    };
-                    if let Some(size) = e.size
-                        && size != now.size
-                    {
-                        return Err(changed(format!(
-                            "was {size} bytes when taken and is {} bytes now",
-                            now.size
-                        )));
-                    }
-                    if e.etag.is_some() && now.e_tag.is_some() && e.etag != now.e_tag {
-                        return Err(changed(format!(
-                            "was rewritten (ETag {} when taken, {} now)",
-                            e.etag.clone().unwrap_or_default(),
-                            now.e_tag.clone().unwrap_or_default()
-                        )));
-                    }
-                    if e.etag.is_none() && now.modified_ms != e.timestamp {
-                        return Err(changed(format!(
-                            "was modified at {} ms after it was taken (recorded {} ms)",
-                            now.modified_ms, e.timestamp
-                        )));
-                    }
-                    let bytes = dir
-                        .get(&name)
-                        .await?
-                        .ok_or_else(|| changed("is gone".into()))?;
-                    if e.size.is_some_and(|s| s != bytes.len() as u64) {
-                        return Err(changed(format!(
-                            "changed while it was read ({} bytes read)",
-                            bytes.len()
-                        )));
-                    }
-                    let d =
-                        blocking(move || read::decode_file(bytes, &shown, &format, &base, mode))
-                            .await?;
-                    Ok((d.batch, d.malformed))
-                }
-            })
+            .map(|e| read::read_entry(&dir, e, &format, &base, mode))
             .buffered(parallel)
             .try_collect()
             .await?;
@@ -608,18 +557,16 @@ impl Source for FileSource {
             st.entries.retain(|&id, _| id >= floor);
             // Keep the newest compact file and every plain entry after it (and those of
             // retained batches); what fell below that since the last commit goes.
-            let Some(compact) = (0..=end_id)
-                .rev()
-                .find(|id| (id + 1).is_multiple_of(COMPACT_INTERVAL))
-            else {
+            let Some(keep_from) = log_keep_from(end_id, st.retain, COMPACT_INTERVAL) else {
                 return Ok(());
             };
-            let keep_from = floor.min(compact);
-            // `None` on the first commit of this run: the log is listed once.
-            let doomed: Option<Vec<String>> = st
-                .log_purged_below
-                .map(|below| (below..keep_from).map(entry_name).collect());
+            let plan = purge(st.log_purged_below, keep_from);
             st.log_purged_below = Some(keep_from);
+            let doomed = match plan {
+                Purge::Nothing => Some(Vec::new()),
+                Purge::Range(r) => Some(r.map(entry_name).collect()),
+                Purge::ListBelow(_) => None,
+            };
             (log, doomed, keep_from)
         };
         let doomed = match doomed {

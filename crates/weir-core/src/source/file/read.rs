@@ -5,9 +5,74 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use super::FileFormat;
+use super::{FileEntry, FileFormat};
 use crate::error::{Error, Result};
 use crate::source::decode::{self, BadRecordMode, Decoded};
+use crate::storage::{FileMeta, Location, blocking};
+
+/// What changed in a file since `e` recorded it (`None`: nothing the checks can see).
+/// Size always; then the ETag on object stores, the modification time locally.
+pub(super) fn change(e: &FileEntry, now: &FileMeta) -> Option<String> {
+    if let Some(size) = e.size
+        && size != now.size
+    {
+        return Some(format!(
+            "was {size} bytes when taken and is {} bytes now",
+            now.size
+        ));
+    }
+    if e.etag.is_some() && now.e_tag.is_some() && e.etag != now.e_tag {
+        return Some(format!(
+            "was rewritten (ETag {} when taken, {} now)",
+            e.etag.clone().unwrap_or_default(),
+            now.e_tag.clone().unwrap_or_default()
+        ));
+    }
+    if e.etag.is_none() && now.modified_ms != e.timestamp {
+        return Some(format!(
+            "was modified at {} ms after it was taken (recorded {} ms)",
+            now.modified_ms, e.timestamp
+        ));
+    }
+    None
+}
+
+/// Reads one recorded file: checks it is still what was recorded, reads it whole, and
+/// decodes it on the blocking pool. Returns its rows and how many lines were malformed.
+pub(super) async fn read_entry(
+    dir: &Location,
+    e: FileEntry,
+    format: &FileFormat,
+    schema: &SchemaRef,
+    mode: BadRecordMode,
+) -> Result<(RecordBatch, u64)> {
+    let name = e.name();
+    let shown = dir.describe(&name);
+    let changed = |change: String| Error::InputChanged {
+        file: shown.clone(),
+        batch_id: e.batch_id,
+        change,
+    };
+    let Some(now) = dir.head(&name).await? else {
+        return Err(changed("is gone".into()));
+    };
+    if let Some(c) = change(&e, &now) {
+        return Err(changed(c));
+    }
+    let bytes = dir
+        .get(&name)
+        .await?
+        .ok_or_else(|| changed("is gone".into()))?;
+    if e.size.is_some_and(|s| s != bytes.len() as u64) {
+        return Err(changed(format!(
+            "changed while it was read ({} bytes read)",
+            bytes.len()
+        )));
+    }
+    let (format, schema) = (format.clone(), schema.clone());
+    let d = blocking(move || decode_file(bytes, &shown, &format, &schema, mode)).await?;
+    Ok((d.batch, d.malformed))
+}
 
 /// Decodes `bytes` (the whole file `shown`) into rows of `schema`.
 pub(super) fn decode_file(
@@ -139,4 +204,51 @@ pub(super) fn parquet_schema(bytes: Bytes, shown: &str) -> Result<SchemaRef> {
             line: 0,
             reason: format!("cannot read the Parquet schema: {e}"),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_file_that_grew_shrank_or_was_rewritten_is_a_change() {
+        let e = FileEntry {
+            path: "file:///in/a.json".into(),
+            timestamp: 1000,
+            batch_id: 3,
+            size: Some(10),
+            etag: None,
+        };
+        let meta = |size, modified_ms, e_tag: Option<&str>| FileMeta {
+            name: "a.json".into(),
+            size,
+            modified_ms,
+            e_tag: e_tag.map(str::to_string),
+        };
+        assert_eq!(change(&e, &meta(10, 1000, None)), None);
+        assert!(
+            change(&e, &meta(11, 1000, None))
+                .unwrap()
+                .contains("is 11 bytes now")
+        );
+        assert!(
+            change(&e, &meta(10, 2000, None))
+                .unwrap()
+                .contains("modified")
+        );
+        let s3 = FileEntry {
+            etag: Some("\"a\"".into()),
+            ..e.clone()
+        };
+        // On an object store the ETag decides, not the time.
+        assert_eq!(change(&s3, &meta(10, 2000, Some("\"a\""))), None);
+        assert!(
+            change(&s3, &meta(10, 1000, Some("\"b\"")))
+                .unwrap()
+                .contains("rewritten")
+        );
+        // Spark's entries carry no size: only the time is checked.
+        let spark = FileEntry { size: None, ..e };
+        assert_eq!(change(&spark, &meta(99, 1000, None)), None);
+    }
 }

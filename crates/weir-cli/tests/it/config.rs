@@ -1,0 +1,90 @@
+//! Bad pipelines, `weir checkpoint show`, the demo, and the README's examples.
+
+use weir_testkit::{run_weir, temp_dir};
+
+use crate::{bin, gen_orders, pipeline};
+
+#[test]
+fn bad_pipelines_are_refused_naming_the_key() {
+    let dir = temp_dir();
+    let cases = [
+        (
+            "[[sink]]\ntype = \"parquet\"\npath = \"out\"\ncolour = \"red\"\n",
+            "colour",
+        ),
+        ("[[sink]]\ntype = \"parqet\"\npath = \"out\"\n", "parqet"),
+    ];
+    for (sinks, want) in cases {
+        let p = pipeline(dir.path(), sinks);
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("available-now", "soonish");
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("query.")
+            && err.contains("trigger")
+            && err.contains("soonish"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("soonish", "once")
+        .replace("amount double", "amount dbl");
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("source.schema[2]") && err.contains("dbl"),
+        "{err}"
+    );
+}
+
+#[test]
+fn checkpoint_show_names_the_pending_batch_and_its_files() {
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 3, 5, 5);
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let out = run_weir(
+        &bin(),
+        &["run", p.to_str().unwrap()],
+        Some("before-commit-write@1"),
+    );
+    assert!(!out.status.success());
+    let chk = dir.path().join("chk");
+    let out = run_weir(&bin(), &["checkpoint", "show", chk.to_str().unwrap()], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("batch 1 is not committed"), "{text}");
+    assert!(text.contains("orders-00001.json"), "{text}");
+}
+
+#[test]
+fn the_demo_runs_on_embedded_defaults_and_checks_its_table() {
+    let dir = temp_dir();
+    let work = dir.path().join("demo");
+    let out = run_weir(&bin(), &["demo", "--dir", work.to_str().unwrap()], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("0 rows missing, 0 rows extra"), "{stdout}");
+    assert!(stdout.contains("batch 4:"), "{stdout}");
+    // A second run starts over in its own folder.
+    let again = run_weir(&bin(), &["demo", "--dir", work.to_str().unwrap()], None);
+    assert!(again.status.success());
+}

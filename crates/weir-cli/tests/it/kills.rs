@@ -1,0 +1,337 @@
+//! `weir run` killed at the fault points its connectors declare, then run again: every
+//! sink holds each input row (or the newest row per key) once.
+
+use weir_core::datafusion::prelude::{JsonReadOptions, SessionContext};
+use weir_core::fault::RUNNER_POINTS;
+use weir_core::sink::PARQUET_POINTS;
+use weir_testkit::{parquet_rows, rows, run_weir, temp_dir};
+
+use crate::{SCHEMA, bin, gen_orders, input_rows, pipeline, progress_batches, weir_cli_schema};
+
+#[tokio::test]
+async fn a_kill_at_every_fault_point_leaves_each_input_row_in_the_parquet_output_once() {
+    let points: Vec<&str> = RUNNER_POINTS
+        .iter()
+        .copied()
+        .chain(PARQUET_POINTS.iter().copied())
+        .collect();
+    for point in points {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 5, 20, 50);
+        let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+        let prog1 = dir.path().join("progress1.jsonl");
+        let fault = format!("{point}@2");
+        let out = run_weir(
+            &bin(),
+            &[
+                "run",
+                p.to_str().unwrap(),
+                "--progress",
+                prog1.to_str().unwrap(),
+            ],
+            Some(&fault),
+        );
+        assert!(
+            !out.status.success(),
+            "{point}: the fault must kill the run"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("fault point {point} reached in batch 2")),
+            "{point}: {stderr}"
+        );
+        assert_eq!(progress_batches(&prog1), vec![0, 1], "{point}");
+
+        let prog2 = dir.path().join("progress2.jsonl");
+        let out = run_weir(
+            &bin(),
+            &[
+                "run",
+                p.to_str().unwrap(),
+                "--progress",
+                prog2.to_str().unwrap(),
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let expect_first = if point == "after-commit-write" { 3 } else { 2 };
+        let second = progress_batches(&prog2);
+        assert_eq!(
+            second.first().copied(),
+            Some(expect_first),
+            "{point}: batch ids reused: {second:?}"
+        );
+        assert_eq!(second.last().copied(), Some(4), "{point}");
+
+        let cols = ["order_id", "status", "amount", "updated_at"];
+        let got = parquet_rows(&dir.path().join("out"), &cols).await;
+        let want = input_rows(&input).await;
+        assert_eq!(got.len(), 100, "{point}");
+        assert_eq!(got, want, "{point}: every input row exactly once");
+        for b in 0..5 {
+            assert!(
+                dir.path().join(format!("chk/commits/{b}")).exists(),
+                "{point}: commits/{b}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_kill_around_the_delta_commit_leaves_the_table_equal_to_the_reference_with_one_version_per_batch()
+ {
+    for point in [
+        weir_delta::POINT_BEFORE_COMMIT,
+        weir_delta::POINT_AFTER_COMMIT,
+        "before-user-fn",
+        "before-commit-write",
+        "after-commit-write",
+    ] {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 5, 40, 30);
+        let sinks = "[[sink]]\ntype = \"delta-merge\"\npath = \"delta\"\nkeys = [\"order_id\"]\nordering = \"updated_at\"\n";
+        let p = pipeline(dir.path(), sinks);
+        let out = run_weir(
+            &bin(),
+            &["run", p.to_str().unwrap()],
+            Some(&format!("{point}@2")),
+        );
+        assert!(!out.status.success(), "{point}");
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        assert!(
+            out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if point == weir_delta::POINT_AFTER_COMMIT || point == "before-commit-write" {
+            assert!(
+                stdout.contains("batch 2:") && stdout.contains("skipped as already written"),
+                "{point}: {stdout}"
+            );
+        }
+
+        let ctx = SessionContext::new();
+        let table = weir_delta::read_table(&ctx, &dir.path().join("delta").into())
+            .await
+            .unwrap();
+        let got = rows(
+            table
+                .select_columns(&["order_id", "status", "amount", "updated_at"])
+                .unwrap(),
+        )
+        .await;
+        let all = ctx
+            .read_json(
+                input.to_str().unwrap(),
+                JsonReadOptions::default()
+                    .schema(&weir_cli_schema())
+                    .file_extension(".json"),
+            )
+            .await
+            .unwrap();
+        let reference =
+            weir_core::dedupe_latest(all, &["order_id".to_string()], "updated_at").unwrap();
+        assert_eq!(
+            got,
+            rows(reference).await,
+            "{point}: table = newest row per key over all input"
+        );
+        let version = weir_delta::table_version(&dir.path().join("delta").into())
+            .await
+            .unwrap();
+        assert_eq!(
+            version,
+            Some(4),
+            "{point}: five batches, five commits (versions 0..=4), no double write"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_kill_around_the_postgres_transaction_leaves_the_table_equal_to_the_reference() {
+    let url = weir_testkit::postgres().url.clone();
+    for (i, point) in [
+        weir_postgres::POINT_BEFORE_BEGIN,
+        weir_postgres::POINT_AFTER_COPY,
+        weir_postgres::POINT_AFTER_COMMIT,
+        "after-user-fn",
+        "after-commit-write",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 5, 40, 30);
+        let table = format!("kill_orders_{i}");
+        let sinks = format!(
+            "[[sink]]\ntype = \"delta-merge\"\npath = \"delta\"\nkeys = [\"order_id\"]\nordering = \"updated_at\"\n\n\
+             [[sink]]\ntype = \"postgres-upsert\"\nurl = \"{url}\"\ntable = \"{table}\"\nkeys = [\"order_id\"]\n\
+             ordering = \"updated_at\"\ncreate-table = true\n"
+        );
+        let p = pipeline(dir.path(), &sinks);
+        let out = run_weir(
+            &bin(),
+            &["run", p.to_str().unwrap()],
+            Some(&format!("{point}@2")),
+        );
+        assert!(!out.status.success(), "{point}");
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        assert!(
+            out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        let ctx = SessionContext::new();
+        let all = ctx
+            .read_json(
+                input.to_str().unwrap(),
+                JsonReadOptions::default()
+                    .schema(&weir_cli_schema())
+                    .file_extension(".json"),
+            )
+            .await
+            .unwrap();
+        let reference = weir_core::dedupe_latest(all, &["order_id".to_string()], "updated_at")
+            .unwrap()
+            .select_columns(&["order_id", "status", "amount"])
+            .unwrap();
+        let want = rows(reference).await;
+        let got = weir_testkit::pg_rows(
+            &url,
+            &format!("SELECT order_id::text, status, amount::text FROM {table}"),
+        )
+        .await;
+        assert_eq!(
+            got, want,
+            "{point}: PostgreSQL table = newest row per key over all input"
+        );
+        let meta: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("chk/metadata")).unwrap(),
+        )
+        .unwrap();
+        let query = weir_core::connector::QueryIdentity {
+            query_id: meta["id"].as_str().unwrap().parse().unwrap(),
+            app_name: "orders".into(),
+        };
+        let app_id = weir_postgres::PostgresUpsert::new(&url, &table, ["order_id"], "updated_at")
+            .ledger_key(&query);
+        let ledger = weir_testkit::pg_rows(
+            &url,
+            &format!(
+                "SELECT batch_id::text FROM {} WHERE app_id = '{app_id}'",
+                weir_postgres::DEFAULT_LEDGER
+            ),
+        )
+        .await;
+        assert_eq!(
+            ledger,
+            vec!["0", "1", "2", "3", "4"],
+            "{point}: one ledger row per batch"
+        );
+        let version = weir_delta::table_version(&dir.path().join("delta").into())
+            .await
+            .unwrap();
+        assert_eq!(version, Some(4), "{point}: one Delta commit per batch");
+    }
+}
+
+async fn kafka_topic_with_orders(name: &str, per_partition: usize) -> Vec<String> {
+    use weir_kafka::rdkafka::ClientConfig;
+    use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    let bootstrap = &weir_testkit::kafka().bootstrap;
+    weir_kafka::create_topic(bootstrap, name, 3).await.unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let mut sent = Vec::new();
+    for p in 0..3 {
+        for i in 0..per_partition {
+            let id = p * 1000 + i as i32;
+            let v = format!(
+                "{{\"order_id\":{id},\"status\":\"s{i}\",\"amount\":{i}.5,\"updated_at\":\"2026-01-01T00:00:{:02}.000000Z\"}}",
+                i % 60
+            );
+            producer
+                .send(
+                    FutureRecord::<(), _>::to(name).partition(p).payload(&v),
+                    std::time::Duration::from_secs(10),
+                )
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+            sent.push(format!("{id}|s{i}"));
+        }
+    }
+    sent.sort();
+    sent
+}
+
+#[tokio::test]
+async fn a_kill_at_every_fault_point_reads_each_kafka_record_exactly_once_into_parquet() {
+    for (n, point) in RUNNER_POINTS
+        .iter()
+        .chain(PARQUET_POINTS[..1].iter())
+        .enumerate()
+    {
+        let name = format!("orders_kill_{n}");
+        let sent = kafka_topic_with_orders(&name, 20).await;
+        let dir = temp_dir();
+        let p = dir.path().join("pipeline.toml");
+        std::fs::write(
+            &p,
+            format!(
+                r#"[query]
+name = "orders"
+checkpoint = "chk"
+trigger = "available-now"
+
+[source]
+type = "kafka"
+bootstrap-servers = "{}"
+subscribe = ["{name}"]
+max-offsets-per-trigger = 15
+value-format = "json"
+schema = {SCHEMA}
+
+[[sink]]
+type = "parquet"
+path = "out"
+"#,
+                weir_testkit::kafka().bootstrap
+            ),
+        )
+        .unwrap();
+        let out = run_weir(
+            &bin(),
+            &["run", p.to_str().unwrap()],
+            Some(&format!("{point}@2")),
+        );
+        assert!(
+            !out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        assert!(
+            out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got = parquet_rows(&dir.path().join("out"), &["order_id", "status"]).await;
+        assert_eq!(got, sent, "{point}: each record exactly once");
+        assert!(
+            dir.path().join("chk/commits/3").exists() && !dir.path().join("chk/offsets/4").exists(),
+            "{point}: 60 records in 4 batches of 15"
+        );
+    }
+}
