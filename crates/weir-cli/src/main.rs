@@ -39,6 +39,11 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Checks a pipeline file without running it: keys, values, paths, secrets.
+    Check {
+        /// The pipeline file.
+        pipeline: PathBuf,
+    },
     /// Writes a set of order files and runs the seed's orders pipeline on them:
     /// files -> newest row per order_id -> Delta MERGE (and Parquet).
     Demo(demo::DemoArgs),
@@ -105,6 +110,16 @@ async fn dispatch(command: Command) -> Result<()> {
             progress,
             quiet,
         } => run_pipeline(&pipeline, progress.as_deref(), quiet).await,
+        Command::Check { pipeline } => {
+            let p = pipeline::Pipeline::load(&pipeline)?;
+            println!(
+                "{}: ok: {} source, sinks: {}",
+                pipeline.display(),
+                p.source.spec().kind(),
+                p.labels()?.join(", ")
+            );
+            Ok(())
+        }
         Command::Demo(args) => demo::run(args).await,
         Command::Gen(args) => {
             let files = generate::generate(&args)?;

@@ -88,3 +88,39 @@ fn the_demo_runs_on_embedded_defaults_and_checks_its_table() {
     let again = run_weir(&bin(), &["demo", "--dir", work.to_str().unwrap()], None);
     assert!(again.status.success());
 }
+
+/// Every pipeline in the README passes `weir check` as written.
+#[test]
+fn the_readme_pipelines_pass_weir_check() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let dir = temp_dir();
+    let mut n = 0;
+    for (i, block) in readme.split("```toml\n").skip(1).enumerate() {
+        let text = block.split("```").next().unwrap();
+        let p = dir.path().join(format!("readme-{i}.toml"));
+        std::fs::write(&p, text).unwrap();
+        let out = run_weir(&bin(), &["check", p.to_str().unwrap()], None);
+        assert!(
+            out.status.success(),
+            "README pipeline {i}:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        n += 1;
+    }
+    assert!(n >= 2, "{n} pipelines");
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/orders_upsert.toml"
+    );
+    let out = std::process::Command::new(bin())
+        .args(["check", example])
+        .env("DATABASE_URL", "host=localhost user=postgres")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
