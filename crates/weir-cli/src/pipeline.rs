@@ -144,7 +144,11 @@ impl Pipeline {
     pub fn load(path: &Path) -> Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let base = std::path::absolute(path.parent().unwrap_or(Path::new(".")))?;
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let base = std::path::absolute(parent)?;
         Self::parse(&text, &path.display().to_string(), &base)
     }
 

@@ -128,6 +128,12 @@ pub async fn pg_exec(url: &str, sql: &str) {
 mod kafka;
 pub use kafka::{KafkaBroker, kafka};
 
+mod azure;
+mod s3;
+pub mod service;
+pub use azure::{Azurite, azurite};
+pub use s3::{S3Server, s3};
+
 /// A DataFrame of orders `(order_id, status, updated_at)`; `updated_at` given in seconds.
 pub fn order_rows(rows: &[(i64, &str, i64)]) -> DataFrame {
     let rows: Vec<(Option<i64>, &str, Option<i64>)> =

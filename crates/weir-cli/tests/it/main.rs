@@ -5,6 +5,7 @@
 mod chaos;
 mod config;
 mod kills;
+mod storage;
 
 use std::path::{Path, PathBuf};
 
@@ -102,4 +103,27 @@ pub fn progress_batches(path: &Path) -> Vec<u64> {
                 .unwrap()
         })
         .collect()
+}
+
+/// The orders schema as the pipelines in these tests declare it.
+pub fn orders_schema() -> weir_core::datafusion::arrow::datatypes::SchemaRef {
+    std::sync::Arc::new(weir_cli_schema())
+}
+
+/// Every row of the generated files in `input`, decoded with the orders schema.
+pub async fn input_batches(
+    input: &Path,
+) -> Vec<weir_core::datafusion::arrow::record_batch::RecordBatch> {
+    let ctx = SessionContext::new();
+    ctx.read_json(
+        input.to_str().unwrap(),
+        JsonReadOptions::default()
+            .schema(&weir_cli_schema())
+            .file_extension(".json"),
+    )
+    .await
+    .unwrap()
+    .collect()
+    .await
+    .unwrap()
 }

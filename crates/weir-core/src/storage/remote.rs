@@ -205,7 +205,9 @@ pub(super) async fn list(
         .objects
         .into_iter()
         .filter_map(|m| {
-            let name = m.location.filename()?.to_string();
+            // object_store percent-encodes some characters of a path part: give the name
+            // as it was written.
+            let name = super::percent_decode(m.location.filename()?);
             Some(FileMeta {
                 name,
                 size: m.size,

@@ -36,36 +36,7 @@ impl FileEntry {
     /// The file's name inside the input folder (the last path segment, decoded).
     pub fn name(&self) -> String {
         let last = self.path.rsplit('/').next().unwrap_or_default();
-        percent_decode(last)
-    }
-}
-
-/// `%XX` sequences decoded (invalid sequences kept as they are).
-pub(super) fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push(h * 16 + l);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
+        crate::storage::percent_decode(last)
     }
 }
 
@@ -177,7 +148,7 @@ mod tests {
             serde_json::to_string(&e).unwrap(),
             r#"{"path":"file:///data/in/a%5B1%5D%20b%25.json","timestamp":5,"batchId":0}"#
         );
-        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(crate::storage::percent_decode("100%"), "100%");
         assert_eq!(entry_name(9), "9.compact");
         assert_eq!(entry_name(10), "10");
     }
