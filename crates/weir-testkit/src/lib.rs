@@ -129,9 +129,11 @@ mod kafka;
 pub use kafka::{KafkaBroker, kafka};
 
 mod azure;
+mod kafka_tls;
 mod s3;
 pub mod service;
 pub use azure::{Azurite, azurite};
+pub use kafka_tls::{TlsBroker, kafka_tls};
 pub use s3::{S3Server, s3};
 
 /// A DataFrame of orders `(order_id, status, updated_at)`; `updated_at` given in seconds.

@@ -390,3 +390,245 @@ async fn min_offsets_per_trigger_waits_for_enough_records_or_the_max_trigger_del
         "3 < 100 records: no batch before the delay ({after:?})"
     );
 }
+
+/// Produces `values` to `topic` partition `partition` with `extra` producer settings.
+async fn produce_with(topic: &str, partition: i32, values: &[String], extra: &[(&str, &str)]) {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", &kafka().bootstrap);
+    for (k, v) in extra {
+        cfg.set(*k, *v);
+    }
+    let p: FutureProducer = cfg.create().unwrap();
+    for v in values {
+        p.send(
+            FutureRecord::<(), _>::to(topic)
+                .partition(partition)
+                .payload(v),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn topics_produced_with_every_codec_are_read() {
+    for codec in ["gzip", "snappy", "lz4", "zstd"] {
+        let name = format!("codec_{codec}");
+        topic(&name, 1).await;
+        produce_with(
+            &name,
+            0,
+            &values(40, codec),
+            &[("compression.type", codec), ("linger.ms", "20")],
+        )
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let seen: Batches = Arc::default();
+        run(
+            KafkaOptions::new(&kafka().bootstrap, [name.as_str()]),
+            dir.path(),
+            None,
+            seen.clone(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{codec}: {}", weir_core::sink::error_chain(&e)));
+        let n: usize = seen.lock().unwrap().iter().map(|b| b.1.len()).sum();
+        assert_eq!(n, 40, "{codec}");
+    }
+}
+
+#[tokio::test]
+async fn small_partitions_are_not_starved_by_a_tiny_limit_and_available_now_drains_them() {
+    topic("starve", 3).await;
+    for p in 0..3 {
+        produce("starve", p, &values(1, "x")).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let seen: Batches = Arc::default();
+    run(
+        KafkaOptions::new(&kafka().bootstrap, ["starve"]),
+        dir.path(),
+        Some(2),
+        seen.clone(),
+    )
+    .await
+    .unwrap();
+    let mut got: Vec<(i32, i64)> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b.1.clone())
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![(0, 0), (1, 0), (2, 0)], "every record once");
+
+    // min-offsets-per-trigger does not hold back an available-now query.
+    topic("drain_min", 1).await;
+    produce("drain_min", 0, &values(5, "y")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let q = WeirSession::new()
+        .read_stream()
+        .source(Arc::new(
+            KafkaSource::new(KafkaOptions::new(&kafka().bootstrap, ["drain_min"])).unwrap(),
+        ))
+        .min_offsets_per_trigger(1000, Duration::from_secs(3600))
+        .load()
+        .await
+        .unwrap()
+        .write_stream()
+        .checkpoint(dir.path())
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(|_b, _c| async { Ok(()) })
+        .start()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), q.await_termination())
+        .await
+        .expect("available-now ends")
+        .unwrap();
+    let rows: u64 = q.recent_progress().iter().map(|p| p.num_input_rows).sum();
+    assert_eq!(rows, 5);
+    // latestOffset in progress is the topic's latest, not the capped end.
+    let p = q.last_progress().unwrap();
+    assert_eq!(
+        p.sources[0].latest_offset,
+        Some(serde_json::json!({"drain_min": {"0": 5}}))
+    );
+}
+
+#[tokio::test]
+async fn a_subscribed_topic_missing_from_the_metadata_fails_the_batch_instead_of_vanishing() {
+    topic("meta_ok", 1).await;
+    produce("meta_ok", 0, &values(2, "z")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let err = run(
+        KafkaOptions::new(&kafka().bootstrap, ["meta_ok", "meta_missing"]),
+        dir.path(),
+        None,
+        Arc::default(),
+    )
+    .await
+    .unwrap_err();
+    let chain = weir_core::sink::error_chain(&err);
+    assert!(
+        chain.contains("topic meta_missing") && chain.contains("metadata"),
+        "{chain}"
+    );
+}
+
+#[tokio::test]
+async fn headers_come_as_spark_s_headers_column_when_asked_for() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    topic("headers", 1).await;
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka().bootstrap)
+        .create()
+        .unwrap();
+    p.send(
+        FutureRecord::<(), _>::to("headers")
+            .partition(0)
+            .payload("v")
+            .headers(OwnedHeaders::new().insert(Header {
+                key: "trace",
+                value: Some("abc"),
+            })),
+        Duration::from_secs(10),
+    )
+    .await
+    .map_err(|(e, _)| e)
+    .unwrap();
+    let mut opts = KafkaOptions::new(&kafka().bootstrap, ["headers"]);
+    opts.include_headers = true;
+    let dir = tempfile::tempdir().unwrap();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    let q = WeirSession::new()
+        .read_stream()
+        .source(Arc::new(KafkaSource::new(opts).unwrap()))
+        .load()
+        .await
+        .unwrap()
+        .write_stream()
+        .checkpoint(dir.path())
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(move |b, _c| {
+            let g = g.clone();
+            async move {
+                let rows = weir_testkit::rows(b.select_columns(&["headers"])?).await;
+                g.lock().unwrap().extend(rows);
+                Ok(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    q.await_termination().await.unwrap();
+    let got = got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert!(
+        got[0].contains("trace") && got[0].contains("616263"),
+        "{got:?}"
+    );
+}
+
+/// TLS and SASL end to end, against the broker behind a TLS front: SSL, SASL_SSL with
+/// PLAIN, produced and read with the same settings.
+#[tokio::test]
+async fn a_topic_is_read_over_tls_and_sasl_ssl() {
+    let tls = weir_testkit::kafka_tls();
+    let ca = tls.ca.to_string_lossy().to_string();
+    let modes: [&[(&str, &str)]; 2] = [
+        &[("security.protocol", "SSL"), ("ssl.ca.location", &ca)],
+        &[
+            ("security.protocol", "SASL_SSL"),
+            ("ssl.ca.location", &ca),
+            ("sasl.mechanism", "PLAIN"),
+            ("sasl.username", "weir"),
+            ("sasl.password", "s3cr3t-pw"),
+        ],
+    ];
+    for (i, settings) in modes.iter().enumerate() {
+        let name = format!("tls_{i}");
+        let mut admin = ClientConfig::new();
+        admin.set("bootstrap.servers", &tls.bootstrap);
+        for (k, v) in settings.iter() {
+            admin.set(*k, *v);
+        }
+        let a: AdminClient<DefaultClientContext> = admin.create().unwrap();
+        a.create_topics(
+            &[rdkafka::admin::NewTopic::new(
+                &name,
+                1,
+                rdkafka::admin::TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+        let p: FutureProducer = admin.create().unwrap();
+        for v in values(7, "tls") {
+            p.send(
+                FutureRecord::<(), _>::to(&name).partition(0).payload(&v),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        }
+        let mut opts = KafkaOptions::new(&tls.bootstrap, [name.as_str()]);
+        for (k, v) in settings.iter() {
+            opts.kafka.insert(k.to_string(), v.to_string());
+        }
+        // The settings (passwords included) never show in the options' Debug.
+        assert!(!format!("{opts:?}").contains("s3cr3t"));
+        let dir = tempfile::tempdir().unwrap();
+        let seen: Batches = Arc::default();
+        run(opts, dir.path(), None, seen.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{settings:?}: {}", weir_core::sink::error_chain(&e)));
+        let n: usize = seen.lock().unwrap().iter().map(|b| b.1.len()).sum();
+        assert_eq!(n, 7, "{settings:?}");
+    }
+}
