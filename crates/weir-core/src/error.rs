@@ -143,6 +143,11 @@ pub enum Error {
         source: datafusion::error::DataFusionError,
     },
 
+    /// A checkpoint written by Spark that weir cannot continue (a pending batch, a stateful
+    /// query); `reason` says what to do.
+    #[error("checkpoint {dir} was written by Spark and cannot be continued by weir: {reason}")]
+    SparkCheckpoint { dir: String, reason: String },
+
     /// A setting has a value weir cannot use; `key` names it.
     #[error("invalid setting '{key}': {reason}")]
     Config { key: String, reason: String },

@@ -5,6 +5,7 @@
 mod chaos;
 mod config;
 mod kills;
+mod spark;
 mod storage;
 
 use std::path::{Path, PathBuf};
@@ -29,6 +30,30 @@ pub fn gen_orders(input: &Path, files: usize, rows_per_file: usize, keys: u64) {
             &rows_per_file.to_string(),
             "--keys",
             &keys.to_string(),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Order files numbered from `first`, `files` of `rows` rows over 5 keys, into `input`.
+pub fn gen_orders_from(input: &Path, first: usize, files: usize, rows: usize, _keys: u64) {
+    let out = run_weir(
+        &bin(),
+        &[
+            "gen",
+            "--dir",
+            input.to_str().unwrap(),
+            "--files",
+            &files.to_string(),
+            "--rows-per-file",
+            &rows.to_string(),
+            "--first-file",
+            &first.to_string(),
         ],
         None,
     );

@@ -500,6 +500,10 @@ impl DataStreamWriter {
                 return Err(e);
             }
         };
+        if let Err(e) = checkpoint.refuse_unfinished_spark(&start).await {
+            checkpoint.release().await;
+            return Err(e);
+        }
         // Settings pinned by the last recorded batch win over the current ones.
         let recorded = match &start {
             StartPoint::Fresh => None,

@@ -263,6 +263,48 @@ impl Checkpoint {
         self.metadata.name.as_deref()
     }
 
+    /// Refuses a Spark checkpoint weir cannot continue: a batch Spark planned but did not
+    /// commit (its writes are Spark's to finish), or state of a stateful query. A Spark
+    /// checkpoint whose last batch is committed is continued from the next batch.
+    pub async fn refuse_unfinished_spark(&self, start: &StartPoint) -> Result<()> {
+        let refuse = |reason: String| Error::SparkCheckpoint {
+            dir: self.root.to_string(),
+            reason,
+        };
+        let (seq, pending) = match start {
+            StartPoint::Fresh => return Ok(()),
+            StartPoint::Replay {
+                batch, batch_id, ..
+            } => (batch, Some(*batch_id)),
+            StartPoint::Next { previous, .. } => (previous, None),
+        };
+        if !is_spark(&seq.metadata.conf) {
+            return Ok(());
+        }
+        if let Some(id) = pending {
+            return Err(refuse(format!(
+                "Spark planned batch {id} ({}) but did not commit it; finish it with the Spark                  job (run it once more), then start weir on the checkpoint",
+                self.offsets_name(id)
+            )));
+        }
+        if !self.root.join("state").list_names().await?.is_empty()
+            || !self.root.join("state/0").list_names().await?.is_empty()
+            || self
+                .root
+                .join("state/0/_metadata")
+                .get("metadata")
+                .await?
+                .is_some()
+        {
+            return Err(refuse(
+                "it holds state (state/): a stateful Spark query's state is in Spark's \
+                 UnsafeRow format, which weir does not read"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// True when this process created the checkpoint (its first start).
     pub fn is_new(&self) -> bool {
         self.created
@@ -436,6 +478,11 @@ impl Checkpoint {
         self.purged_below.store(keep_from, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// True when the pinned settings of a batch are Spark's (the batch was planned by Spark).
+pub fn is_spark(conf: &BTreeMap<String, String>) -> bool {
+    conf.keys().any(|k| k.starts_with("spark."))
 }
 
 /// The numeric file names in a log folder. Hidden names (temp files, `.crc`) and
