@@ -70,12 +70,14 @@ fn file_name(f: usize, odd: bool) -> String {
     if !odd {
         return format!("orders-{f:05}.json");
     }
-    match f % 6 {
+    match f % 8 {
         0 => format!("orders[{f:05}].json"),
         1 => format!("orders {f:05} (copy).json"),
         2 => format!("orders-{f:05}*?.json"),
         3 => format!("örders-{f:05}-ünïcode.json"),
         4 => format!("orders%20{f:05}%.json"),
+        5 => format!("orders\t{f:05}.json"),
+        6 => format!("orders\n{f:05}.json"),
         _ => format!("orders-{f:05}.json"),
     }
 }
@@ -125,6 +127,12 @@ pub fn generate(args: &GenArgs) -> Result<Vec<Written>> {
     for f in args.first_file..args.first_file + args.files {
         let name = file_name(f, args.odd);
         let path = args.dir.join(&name);
+        if path.exists() {
+            anyhow::bail!(
+                "{} exists: weir gen does not overwrite input (use --first-file to add files)",
+                path.display()
+            );
+        }
         let tmp = args.dir.join(format!(".{name}.tmp"));
         let empty = args.odd && f % 7 == 3;
         let mut rows = 0;

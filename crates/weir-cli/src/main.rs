@@ -38,6 +38,11 @@ enum Command {
         /// Prints no per-batch line.
         #[arg(long)]
         quiet: bool,
+        /// On SIGTERM or Ctrl-C the batch in progress is finished and committed; if it takes
+        /// longer than this, weir stops without it (it runs again on the next start). A
+        /// second signal stops at once.
+        #[arg(long, default_value = "60s")]
+        stop_grace: String,
     },
     /// Checks a pipeline file without running it: keys, values, paths, secrets.
     Check {
@@ -109,7 +114,11 @@ async fn dispatch(command: Command) -> Result<()> {
             pipeline,
             progress,
             quiet,
-        } => run_pipeline(&pipeline, progress.as_deref(), quiet).await,
+            stop_grace,
+        } => {
+            let grace = weir_core::engine::trigger::parse_duration("--stop-grace", &stop_grace)?;
+            run_pipeline(&pipeline, progress.as_deref(), quiet, grace).await
+        }
         Command::Check { pipeline } => {
             let p = pipeline::Pipeline::load(&pipeline)?;
             println!(
@@ -134,7 +143,12 @@ async fn dispatch(command: Command) -> Result<()> {
     }
 }
 
-async fn run_pipeline(path: &std::path::Path, progress: Option<&str>, quiet: bool) -> Result<()> {
+async fn run_pipeline(
+    path: &std::path::Path,
+    progress: Option<&str>,
+    quiet: bool,
+    grace: std::time::Duration,
+) -> Result<()> {
     let pipeline = pipeline::Pipeline::load(path)?;
     let mut writer = pipeline.writer().await?;
     if let Some(p) = progress {
@@ -143,17 +157,65 @@ async fn run_pipeline(path: &std::path::Path, progress: Option<&str>, quiet: boo
     if !quiet {
         writer = writer.listener(Arc::new(report::HumanLines));
     }
+    // Signals are caught before the query starts, so a SIGTERM during start-up is not lost.
+    let mut signals = Signals::new()?;
     let query = writer
         .start()
         .await
         .with_context(|| format!("starting query '{}'", pipeline.query.name))?;
     let stop = query.clone();
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("stopping after the current batch (Ctrl-C)");
-            let _ = stop.stop().await;
-        }
+        let first = signals.next().await;
+        eprintln!(
+            "{first}: stopping after the current batch (at most {}; a second signal stops now)",
+            humantime(grace)
+        );
+        let stopping = stop.clone();
+        tokio::spawn(async move {
+            let _ = stopping.stop().await;
+        });
+        let why = tokio::select! {
+            second = signals.next() => format!("{second} again"),
+            () = tokio::time::sleep(grace) => format!("the batch did not finish within {}", humantime(grace)),
+        };
+        eprintln!(
+            "{why}: stopping now; the batch in progress is not committed and runs again, with \
+             the same id and input, on the next start"
+        );
+        std::process::exit(if first == "SIGINT" { 130 } else { 143 });
     });
     query.await_termination().await?;
     Ok(())
+}
+
+fn humantime(d: std::time::Duration) -> String {
+    if d.subsec_millis() != 0 || d.as_secs() == 0 {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}s", d.as_secs())
+    }
+}
+
+/// SIGTERM and SIGINT (Ctrl-C), as one stream.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+        })
+    }
+
+    /// The name of the next signal.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }

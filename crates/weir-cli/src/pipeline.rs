@@ -192,6 +192,30 @@ impl Pipeline {
                 .build(&env)
                 .with_context(|| format!("sink[{i}] ({})", s.spec().kind()))?;
         }
+        // No two places written by one pipeline may overlap, nor may a sink write into
+        // the folder the source reads (it would read its own output).
+        let places: Vec<(String, weir_core::storage::Location)> = self
+            .source
+            .spec()
+            .location(&env)
+            .map(|l| ("source".to_string(), l))
+            .into_iter()
+            .chain(self.sinks.iter().enumerate().filter_map(|(i, s)| {
+                s.spec()
+                    .location(&env)
+                    .map(|l| (format!("sink[{i}] ({})", s.spec().kind()), l))
+            }))
+            .collect();
+        for (i, (a, la)) in places.iter().enumerate() {
+            for (b, lb) in &places[i + 1..] {
+                if weir_core::connector::overlaps(la, lb) {
+                    anyhow::bail!(
+                        "invalid setting: {a} and {b} use the same folder ({la} and {lb}): give each \
+                         sink its own folder, outside the source's"
+                    );
+                }
+            }
+        }
         Ok(())
     }
 

@@ -5,30 +5,48 @@ use weir_core::checkpoint::{Checkpoint, StartPoint};
 use weir_core::storage::{Location, StorageOptions};
 
 pub async fn show(at: &str) -> Result<()> {
+    let mut out = String::new();
+    let r = show_into(at, &mut out).await;
+    // A reader that went away (`| head`) is not an error.
+    use std::io::Write;
+    match std::io::stdout().write_all(out.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        other => other?,
+    }
+    r
+}
+
+async fn show_into(at: &str, out: &mut String) -> Result<()> {
+    use std::fmt::Write;
+    macro_rules! say {
+        ($($t:tt)*) => {{
+            let _ = writeln!(out, $($t)*);
+        }};
+    }
     let root = Location::parse("checkpoint", at, None, &StorageOptions::default())?;
     let Some(cp) = Checkpoint::inspect(root.clone()).await? else {
         anyhow::bail!("{root} is not a checkpoint: it has no metadata file");
     };
     let (offsets, commits) = cp.batch_ids().await?;
-    println!("checkpoint {root}");
-    println!("query id   {}", cp.query_id());
+    say!("checkpoint {root}");
+    say!("query id   {}", cp.query_id());
     if let Some(n) = cp.created_name() {
-        println!("created as {n}");
+        say!("created as {n}");
     }
     match (offsets.first(), offsets.last()) {
-        (Some(a), Some(b)) => println!(
+        (Some(a), Some(b)) => say!(
             "batches    {a}..={b} in the offset log, {} committed",
             commits.len()
         ),
-        _ => println!("batches    none yet"),
+        _ => say!("batches    none yet"),
     }
     match cp.recover().await {
-        Ok(StartPoint::Fresh) => println!("next start fresh: batch 0"),
-        Ok(StartPoint::Next { batch_id, .. }) => println!("next start new batch {batch_id}"),
+        Ok(StartPoint::Fresh) => say!("next start fresh: batch 0"),
+        Ok(StartPoint::Next { batch_id, .. }) => say!("next start new batch {batch_id}"),
         Ok(StartPoint::Replay { batch_id, .. }) => {
-            println!("pending    batch {batch_id} is not committed: the next start runs it again")
+            say!("pending    batch {batch_id} is not committed: the next start runs it again")
         }
-        Err(e) => println!("problem    {}", weir_core::sink::error_chain(&e)),
+        Err(e) => say!("problem    {}", weir_core::sink::error_chain(&e)),
     }
     let log = cp.source_log(0);
     for id in &offsets {
@@ -47,7 +65,7 @@ pub async fn show(at: &str) -> Result<()> {
                     .iter()
                     .map(|o| o.as_ref().map_or("-".into(), |o| o.to_string()))
                     .collect();
-                println!(
+                say!(
                     "batch {id:>6}  {state:<9}  {ts}  offsets {}",
                     offs.join(" ")
                 );
@@ -59,11 +77,11 @@ pub async fn show(at: &str) -> Result<()> {
                     .and_then(|o| o.json().get("logOffset").and_then(|v| v.as_u64()))
                 {
                     for f in source_files(&log, n).await {
-                        println!("               file {f}");
+                        say!("               file {f}");
                     }
                 }
             }
-            Err(e) => println!("batch {id:>6}  {state:<9}  unreadable: {e}"),
+            Err(e) => say!("batch {id:>6}  {state:<9}  unreadable: {e}"),
         }
     }
     Ok(())

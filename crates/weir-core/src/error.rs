@@ -166,6 +166,13 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// A sink refused to start (it checks where it writes before the first batch).
+    #[error("a sink refused to start; nothing was run")]
+    SinkRefused {
+        #[source]
+        source: BoxError,
+    },
+
     /// A step of the engine failed for a batch; `stage` says which.
     #[error("query '{query}': batch {batch_id}: {stage} failed")]
     Batch {

@@ -8,7 +8,11 @@
 //! WEIR_FAULT=after-offsets-write@3          abort at that point in batch 3
 //! WEIR_FAULT=before-commit-write            abort there in the first batch that gets there
 //! WEIR_FAULT=delta-after-commit@2:error     fail batch 2 there with an error
+//! WEIR_FAULT=before-user-fn@1:sleep=2000     wait 2 s there in batch 1, then go on
 //! ```
+//!
+//! An entry with another action is an error at every point, so a typo cannot pass for a
+//! fault that never fired.
 //!
 //! Several entries may be given, separated by commas. When the variable is unset the
 //! cost is one load of an initialised `OnceLock` per call.
@@ -26,11 +30,19 @@ pub const RUNNER_POINTS: &[&str] = &[
     "after-commit-write",
 ];
 
+#[derive(Debug, Clone, PartialEq)]
+enum Action {
+    Abort,
+    Error,
+    Sleep(u64),
+    Unknown(String),
+}
+
 #[derive(Debug)]
 struct Fault {
     point: String,
     batch: Option<u64>,
-    error: bool,
+    action: Action,
 }
 
 static FAULTS: OnceLock<Vec<Fault>> = OnceLock::new();
@@ -40,9 +52,13 @@ fn parse(spec: &str) -> Vec<Fault> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|entry| {
-            let (entry, error) = match entry.strip_suffix(":error") {
-                Some(e) => (e, true),
-                None => (entry, false),
+            let (entry, action) = match entry.split_once(':') {
+                None => (entry, Action::Abort),
+                Some((e, "error")) => (e, Action::Error),
+                Some((e, a)) => match a.strip_prefix("sleep=").map(str::parse::<u64>) {
+                    Some(Ok(ms)) => (e, Action::Sleep(ms)),
+                    _ => (e, Action::Unknown(a.to_string())),
+                },
             };
             let (point, batch) = match entry.split_once('@') {
                 Some((p, b)) => (p, b.parse().ok()),
@@ -51,7 +67,7 @@ fn parse(spec: &str) -> Vec<Fault> {
             Fault {
                 point: point.to_string(),
                 batch,
-                error,
+                action,
             }
         })
         .collect()
@@ -68,17 +84,36 @@ pub fn hit(point: &str, batch_id: u64) -> Result<(), Error> {
     if faults.is_empty() {
         return Ok(());
     }
+    if let Some(Action::Unknown(a)) = faults
+        .iter()
+        .map(|f| &f.action)
+        .find(|a| matches!(a, Action::Unknown(_)))
+    {
+        return Err(Error::config(
+            "WEIR_FAULT",
+            format!("unknown action '{a}' (abort is the default; error, sleep=<ms>)"),
+        ));
+    }
     let Some(f) = faults
         .iter()
         .find(|f| f.point == point && f.batch.is_none_or(|b| b == batch_id))
     else {
         return Ok(());
     };
-    if f.error {
-        return Err(Error::FaultInjected {
-            point: point.to_string(),
-            batch_id,
-        });
+    match f.action {
+        Action::Error => {
+            return Err(Error::FaultInjected {
+                point: point.to_string(),
+                batch_id,
+            });
+        }
+        Action::Sleep(ms) => {
+            // A test hook: blocking one runtime thread for a while is what it is for.
+            eprintln!("weir: fault point {point} reached in batch {batch_id}: waiting {ms} ms");
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            return Ok(());
+        }
+        Action::Abort | Action::Unknown(_) => {}
     }
     eprintln!("weir: fault point {point} reached in batch {batch_id}: aborting (WEIR_FAULT)");
     std::process::abort();
@@ -89,20 +124,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn specs_parse_into_points_batches_and_modes() {
-        let f = parse("after-offsets-write@3, before-commit-write,delta-after-commit@2:error");
-        assert_eq!(f.len(), 3);
-        assert_eq!(
-            (f[0].point.as_str(), f[0].batch, f[0].error),
-            ("after-offsets-write", Some(3), false)
+    fn specs_parse_into_points_batches_and_actions() {
+        let f = parse(
+            "after-offsets-write@3, before-commit-write,delta-after-commit@2:error,\
+             before-user-fn@1:sleep=250,x:explode",
         );
+        let got: Vec<_> = f
+            .iter()
+            .map(|f| (f.point.as_str(), f.batch, f.action.clone()))
+            .collect();
         assert_eq!(
-            (f[1].point.as_str(), f[1].batch, f[1].error),
-            ("before-commit-write", None, false)
-        );
-        assert_eq!(
-            (f[2].point.as_str(), f[2].batch, f[2].error),
-            ("delta-after-commit", Some(2), true)
+            got,
+            vec![
+                ("after-offsets-write", Some(3), Action::Abort),
+                ("before-commit-write", None, Action::Abort),
+                ("delta-after-commit", Some(2), Action::Error),
+                ("before-user-fn", Some(1), Action::Sleep(250)),
+                ("x", None, Action::Unknown("explode".into())),
+            ]
         );
     }
 }

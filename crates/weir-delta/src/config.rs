@@ -170,6 +170,10 @@ impl SinkSpec for DeltaAppendConfig {
         Ok(())
     }
 
+    fn location(&self, env: &BuildEnv) -> Option<Location> {
+        env.location("sink.path", &self.path).ok()
+    }
+
     fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>> {
         Ok(Some(Box::new(DeltaReader {
             at: env.location("sink.path", &self.path)?,
@@ -214,6 +218,10 @@ impl SinkSpec for DeltaMergeConfig {
     fn relocate(&mut self, to: &Relocation) -> Result<()> {
         self.path = to.dir.url_string();
         Ok(())
+    }
+
+    fn location(&self, env: &BuildEnv) -> Option<Location> {
+        env.location("sink.path", &self.path).ok()
     }
 
     fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>> {

@@ -250,6 +250,26 @@ impl DeltaMerge {
                 id,
             )
         };
+        if before.is_some()
+            && let Ok(snap) = table.snapshot()
+        {
+            let stored: Vec<String> = snap
+                .schema()
+                .fields()
+                .map(|f| f.name().to_string())
+                .collect();
+            if let Some(c) = columns.iter().find(|c| !stored.contains(c)) {
+                return Err(DeltaSinkError::Config {
+                    table: self.at.to_string(),
+                    key: "columns",
+                    reason: format!(
+                        "batch {id} has a column '{c}' that the table does not (table columns: \
+                         {}); select the table's columns in the query, or add the column to the table",
+                        stored.join(", ")
+                    ),
+                });
+            }
+        }
         let table = if before.is_none() || rows == 0 {
             // No table yet: the first batch creates it. No rows: only the transaction.
             if batches.is_empty() {

@@ -138,6 +138,23 @@ impl SourceSpec for KafkaConfig {
     }
 
     fn read_limit(&self) -> Result<ReadLimit> {
+        for (key, v) in [
+            (
+                "source.max-offsets-per-trigger",
+                self.max_offsets_per_trigger,
+            ),
+            (
+                "source.min-offsets-per-trigger",
+                self.min_offsets_per_trigger,
+            ),
+        ] {
+            if v == Some(0) {
+                return Err(Error::config(
+                    key,
+                    "0 would never read a record: give at least 1",
+                ));
+            }
+        }
         if self.max_trigger_delay.is_some() && self.min_offsets_per_trigger.is_none() {
             return Err(Error::config(
                 "source.max-trigger-delay",

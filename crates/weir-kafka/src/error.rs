@@ -13,7 +13,7 @@ pub enum KafkaSourceError {
     /// Offsets that the batch needs are gone (retention, a deleted topic or partition).
     #[error(
         "data loss: topic {topic} partition {partition}: {detail}. Some data may have been lost because \
-         it is not available in Kafka any more. If you want the query to carry on, set failOnDataLoss to false"
+         it is not available in Kafka any more. If you want the query to carry on, set failOnDataLoss (fail-on-data-loss in a pipeline file) to false"
     )]
     DataLoss {
         topic: String,

@@ -73,7 +73,9 @@ impl std::str::FromStr for StartingOffsets {
 impl<'de> Deserialize<'de> for StartingOffsets {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+        s.parse().map_err(|e| {
+            serde::de::Error::custom(format!("invalid setting 'starting-offsets': {e}"))
+        })
     }
 }
 

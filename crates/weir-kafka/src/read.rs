@@ -342,10 +342,6 @@ fn json_batch(
     schema: &SchemaRef,
     mode: BadRecordMode,
 ) -> Result<RecordBatch, KafkaSourceError> {
-    let invalid = |e: String| KafkaSourceError::Invalid {
-        what: "JSON batch".into(),
-        reason: e,
-    };
     // One value per line: a null value parses as `{}` (all columns null); newlines inside
     // a value can only be JSON whitespace, so they are dropped.
     let n = records.len();
@@ -359,11 +355,8 @@ fn json_batch(
         }
         all.push(b'\n');
     }
-    if let Ok(b) = decode::json_all(schema, &all, Some(n)) {
-        return decode::with_corrupt(b, schema, mode, None).map_err(invalid);
-    }
     let values: Vec<Option<&[u8]>> = (0..n).map(|i| records.value(i)).collect();
-    match decode::json_each(schema, &values, mode) {
+    match decode::json_checked(schema, &values, &all, mode) {
         Ok(d) => Ok(d.batch),
         Err(m) => Err(KafkaSourceError::Malformed {
             topic: records.topic(m.index).to_string(),

@@ -36,6 +36,9 @@ impl Conn {
                     tracing::debug!("PostgreSQL connection ended: {e}");
                 }
             });
+            // Timestamps are UTC instants: a `timestamp` column gets UTC wall time, never
+            // the server's local time.
+            client.batch_execute("SET TIME ZONE 'UTC'").await?;
             client.batch_execute(&create_ledger_sql(ledger)).await?;
             *guard = Some(client);
         }

@@ -13,6 +13,15 @@ fn bad_pipelines_are_refused_naming_the_key() {
             "colour",
         ),
         ("[[sink]]\ntype = \"parqet\"\npath = \"out\"\n", "parqet"),
+        (
+            "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n\
+             [[sink]]\ntype = \"parquet\"\npath = \"out/inner\"\n",
+            "same folder",
+        ),
+        (
+            "[[sink]]\ntype = \"parquet\"\npath = \"in\"\n",
+            "same folder",
+        ),
     ];
     for (sinks, want) in cases {
         let p = pipeline(dir.path(), sinks);
@@ -37,7 +46,14 @@ fn bad_pipelines_are_refused_naming_the_key() {
     );
     let text = std::fs::read_to_string(&p)
         .unwrap()
-        .replace("soonish", "once")
+        .replace("soonish", "3000000000000000h");
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["check", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("too long"), "{err}");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("3000000000000000h", "once")
         .replace("amount double", "amount dbl");
     std::fs::write(&p, text).unwrap();
     let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
@@ -46,6 +62,22 @@ fn bad_pipelines_are_refused_naming_the_key() {
         !out.status.success() && err.contains("source.schema[2]") && err.contains("dbl"),
         "{err}"
     );
+    // A Parquet folder that already holds part files no query claimed is refused before
+    // anything is read, and left as it was.
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 2, 5, 3);
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    std::fs::write(out_dir.join("part-old.parquet"), b"not ours").unwrap();
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("part-old.parquet") && err.contains("claims"),
+        "{err}"
+    );
+    let names: Vec<_> = std::fs::read_dir(&out_dir).unwrap().collect();
+    assert_eq!(names.len(), 1, "{names:?}");
 }
 
 #[test]

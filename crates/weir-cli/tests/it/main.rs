@@ -5,6 +5,7 @@
 mod chaos;
 mod config;
 mod kills;
+mod signals;
 mod spark;
 mod storage;
 

@@ -519,6 +519,12 @@ impl DataStreamWriter {
             PIN_TARGET_PARTITIONS.to_string(),
             ctx.state().config().target_partitions().to_string(),
         );
+        // Sinks check where they write before anything runs.
+        let identity = crate::connector::QueryIdentity::of(&checkpoint, &name);
+        if let Err(source) = sink.open(&identity).await {
+            checkpoint.release().await;
+            return Err(Error::SinkRefused { source });
+        }
         let shared = Arc::new(Shared::new(checkpoint.query_id(), name));
         if let Err(e) = self
             .frame

@@ -173,6 +173,12 @@ pub trait SinkSpec: Send + Sync + Debug {
 
     /// A reader of what the sink holds (`None`: the sink cannot be read back).
     fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>>;
+
+    /// The folder the sink writes, if it writes one: two sinks (or a sink and the source)
+    /// must not share one.
+    fn location(&self, _env: &BuildEnv) -> Option<Location> {
+        None
+    }
 }
 
 /// Where chaos and benchmarks feed input: a folder of JSON-lines files, or a Kafka topic.
@@ -196,12 +202,32 @@ pub trait SourceSpec: Send + Sync + Debug {
     /// Builds the source (this may read, e.g. a Parquet schema).
     async fn build(&self, env: &BuildEnv) -> Result<Arc<dyn Source>>;
 
+    /// The folder the source reads, if it reads one.
+    fn location(&self, _env: &BuildEnv) -> Option<Location> {
+        None
+    }
+
     /// The read limits the config sets (max files / offsets per trigger, ...).
     fn read_limit(&self) -> Result<ReadLimit>;
 
     /// Reads `feed` instead, at most `batch_rows` rows or one file per batch. An error when
     /// this kind of source cannot read that kind of feed.
     fn relocate(&mut self, feed: &Feed, batch_rows: u64) -> Result<()>;
+}
+
+/// True when one folder is the other or inside it (by URL).
+pub fn overlaps(a: &Location, b: &Location) -> bool {
+    // Compared as folders: `out` and `out2` do not overlap, `out` and `out/x` do.
+    let folder = |l: &Location| {
+        let s = l.url().as_str();
+        if s.ends_with('/') {
+            s.to_string()
+        } else {
+            format!("{s}/")
+        }
+    };
+    let (a, b) = (folder(a), folder(b));
+    a.starts_with(&b) || b.starts_with(&a)
 }
 
 /// `path` relative to `base` unless it is absolute or a URL (for labels).
@@ -212,5 +238,23 @@ pub fn display_path(base: Option<&Path>, path: &str) -> String {
     match base {
         Some(b) => b.join(path).display().to_string(),
         None => path.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::StorageOptions;
+
+    #[test]
+    fn folders_overlap_when_one_holds_the_other() {
+        let o = StorageOptions::default();
+        let at = |p: &str| Location::parse("path", p, None, &o).unwrap();
+        assert!(overlaps(&at("/d/out"), &at("/d/out")));
+        assert!(overlaps(&at("/d/out"), &at("/d/out/inner")));
+        assert!(overlaps(&at("/d/out/inner"), &at("/d/out/")));
+        assert!(!overlaps(&at("/d/out"), &at("/d/out2")));
+        assert!(!overlaps(&at("s3://b/out"), &at("/d/out")));
+        assert!(overlaps(&at("s3://b/out"), &at("s3://b/out/x")));
     }
 }

@@ -84,7 +84,10 @@ impl Serialize for SchemaText {
 /// `["order_id bigint", "status string", ...]` into a schema. Columns are nullable. Errors
 /// name the entry as `<key>[i]`.
 pub fn parse_schema(key: &str, cols: &[String]) -> Result<SchemaRef> {
-    let mut fields = Vec::with_capacity(cols.len());
+    if cols.is_empty() {
+        return Err(Error::config(key, "no column given"));
+    }
+    let mut fields: Vec<Field> = Vec::with_capacity(cols.len());
     for (i, c) in cols.iter().enumerate() {
         let mut parts = c.split_whitespace();
         let (Some(name), Some(ty), None) = (parts.next(), parts.next(), parts.next()) else {
@@ -115,6 +118,12 @@ pub fn parse_schema(key: &str, cols: &[String]) -> Result<SchemaRef> {
                 ));
             }
         };
+        if fields.iter().any(|f| f.name() == name) {
+            return Err(Error::config(
+                format!("{key}[{i}]"),
+                format!("column '{name}' is given twice"),
+            ));
+        }
         fields.push(Field::new(name, dt, true));
     }
     Ok(Arc::new(Schema::new(fields)))

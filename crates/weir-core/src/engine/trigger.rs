@@ -50,7 +50,11 @@ impl std::str::FromStr for Trigger {
                     return Ok(Trigger::Continuous(parse_duration("trigger", d)?));
                 }
                 let d = s.strip_prefix("processing-time:").unwrap_or(s);
-                parse_duration("trigger", d).map(Trigger::ProcessingTime).map_err(|_| {
+                parse_duration("trigger", d).map(Trigger::ProcessingTime).map_err(|e| {
+                    if d.starts_with(|c: char| c.is_ascii_digit()) {
+                        // A number with a unit: the duration's own complaint is the useful one.
+                        return e;
+                    }
                     Error::config(
                         "trigger",
                         format!(
@@ -77,12 +81,12 @@ pub fn parse_duration(key: &str, s: &str) -> Result<Duration> {
             format!("'{s}' is not a duration such as 500ms, 30s, 5m, 2h or 7d"),
         )
     })?;
-    let ms = match unit.trim() {
-        "ms" => n,
-        "s" => n * 1000,
-        "m" | "min" => n * 60_000,
-        "h" => n * 3_600_000,
-        "d" => n * 86_400_000,
+    let factor: u64 = match unit.trim() {
+        "ms" => 1,
+        "s" => 1000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
         other => {
             return Err(Error::config(
                 key,
@@ -90,6 +94,12 @@ pub fn parse_duration(key: &str, s: &str) -> Result<Duration> {
             ));
         }
     };
+    let ms = n.checked_mul(factor).ok_or_else(|| {
+        Error::config(
+            key,
+            format!("'{s}' is too long (more than {} ms)", u64::MAX),
+        )
+    })?;
     Ok(Duration::from_millis(ms))
 }
 
@@ -138,6 +148,8 @@ mod tests {
             parse_duration("k", "7d").unwrap(),
             Duration::from_secs(7 * 86400)
         );
+        assert!(parse_duration("k", "18446744073709551615s").is_err());
+        assert!("3000000000000000h".parse::<Trigger>().is_err());
     }
 
     #[test]

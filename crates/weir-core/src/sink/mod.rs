@@ -37,6 +37,14 @@ pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
 /// and return `Ok`: that batch's data would be lost.
 #[async_trait]
 pub trait ForeachBatch: Send + Sync {
+    /// Called once when the query starts, before its first batch (and before `start()`
+    /// returns): a sink checks that it may write where it was told, and refuses to start
+    /// otherwise (a folder another query owns, ...). The default does nothing.
+    async fn open(&self, _query: &crate::connector::QueryIdentity) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// Writes one batch (see the trait docs).
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError>;
 }
 
@@ -73,6 +81,19 @@ impl FanOut {
 
 #[async_trait]
 impl ForeachBatch for FanOut {
+    async fn open(&self, query: &crate::connector::QueryIdentity) -> Result<(), BoxError> {
+        for (name, sink) in &self.sinks {
+            sink.open(query).await.map_err(|source| {
+                Box::new(Error::Sink {
+                    sink: name.clone(),
+                    batch_id: 0,
+                    source,
+                }) as BoxError
+            })?;
+        }
+        Ok(())
+    }
+
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
         let batch = if self.sinks.len() > 1 {
             let started = std::time::Instant::now();

@@ -88,12 +88,25 @@ impl ParquetSink {
         }
     }
 
-    /// Claims the folder for `query_id`, or refuses a folder another query wrote.
+    /// Claims the folder for `query_id`, or refuses a folder another query wrote (or that
+    /// holds part files nobody claimed).
     async fn check_owner(&self, query_id: uuid::Uuid, batch_id: u64) -> Result<()> {
         self.owner_checked
             .get_or_try_init(|| async {
                 self.dir.create_dir().await?;
                 let mine = Bytes::from(format!("{{\"queryId\":\"{query_id}\"}}"));
+                let names = self.dir.list_names().await?;
+                if !names.iter().any(|n| n == OWNER)
+                    && let Some(part) = names.iter().find(|n| n.ends_with(".parquet"))
+                {
+                    return Err(self.sink_err(
+                        batch_id,
+                        format!(
+                            "the folder holds Parquet files no query claims (e.g. {part}): \
+                             a new query would overwrite them. Give this query its own folder"
+                        ),
+                    ));
+                }
                 if self.dir.put_new(OWNER, mine.clone()).await? == WriteOutcome::Written {
                     return Ok(());
                 }
@@ -218,6 +231,10 @@ impl ParquetSink {
 
 #[async_trait]
 impl ForeachBatch for ParquetSink {
+    async fn open(&self, query: &crate::connector::QueryIdentity) -> Result<(), BoxError> {
+        Ok(self.check_owner(query.query_id, 0).await?)
+    }
+
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
         let rows = self.write(batch, &ctx).await?;
         ctx.metrics.add_output_rows(rows);

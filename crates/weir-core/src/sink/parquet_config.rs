@@ -75,6 +75,10 @@ impl SinkSpec for ParquetConfig {
         Ok(())
     }
 
+    fn location(&self, env: &BuildEnv) -> Option<Location> {
+        self.location(env).ok()
+    }
+
     fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>> {
         Ok(Some(Box::new(ParquetReader {
             dir: self.location(env)?,

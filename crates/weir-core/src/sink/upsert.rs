@@ -16,9 +16,19 @@
 //! it is taken as older than any value (such a row never replaces a stored one with a
 //! value, and any row with a value replaces it).
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, AsArray, BooleanArray, BooleanBufferBuilder, Float32Array, Float64Array,
+};
+use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::datatypes::{DataType, Float32Type, Float64Type};
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::functions_window::expr_fn::row_number;
 use datafusion::logical_expr::{ExprFunctionExt, SortExpr};
-use datafusion::prelude::{DataFrame, Expr, col, lit};
+use datafusion::prelude::{DataFrame, SessionContext, col, lit};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -109,8 +119,10 @@ fn check_columns(names: &[String], keys: &[String], ordering: &str, what: &str) 
     Ok(())
 }
 
-/// Applies the NULL rules to a batch for sink `sink`: returns the rows to write and how many
-/// were dropped, or the error of the default rule.
+/// Applies the NULL rules to a batch for sink `sink`, and writes every `-0.0` of a float
+/// column as `0.0` (the two are equal in SQL but not in the order that picks a row, so a
+/// batch could keep one and the guard the other). Returns the rows to write and how many were
+/// dropped, or the error of the default rule naming the columns.
 pub async fn apply_null_rules(
     df: DataFrame,
     keys: &[String],
@@ -128,66 +140,239 @@ pub async fn apply_null_rules(
         .map(|f| f.name().clone())
         .collect();
     check_columns(&names, keys, ordering, sink)?;
-    let any_null_key = keys
-        .iter()
-        .map(|k| col(quote(k)).is_null())
-        .reduce(Expr::or)
-        .unwrap_or_else(|| lit(false));
-    let null_keys_n = df
-        .clone()
-        .filter(any_null_key.clone())
-        .map_err(|e| Error::datafusion(what(), e))?
-        .count()
+    let session = SessionContext::new();
+    let schema = df.schema().inner().clone();
+    let batches = df
+        .collect()
         .await
         .map_err(|e| Error::datafusion(what(), e))?;
-    let mut df = df;
-    let mut dropped = 0u64;
-    if null_keys_n > 0 {
-        match null_keys {
-            NullKeys::Error => {
-                return Err(Error::NullValues {
-                    sink: sink.to_string(),
-                    batch_id,
-                    column: keys.join(", "),
-                    rows: null_keys_n as u64,
-                    hint: "a NULL key never matches a stored row, so every batch would insert \
-                           it again; filter such rows out, or set null-keys = \"drop\" to drop \
-                           them (counted in the progress)"
-                        .into(),
-                });
+    let index = |c: &str| names.iter().position(|n| n == c).unwrap_or(0);
+    let key_idx: Vec<usize> = keys.iter().map(|k| index(k)).collect();
+    let ord_idx = index(ordering);
+    let mut null_in: BTreeMap<String, u64> = BTreeMap::new();
+    let mut null_key_rows = 0u64;
+    let mut null_ordering_rows = 0u64;
+    let mut out = Vec::with_capacity(batches.len());
+    for b in batches {
+        let mut keep = BooleanBufferBuilder::new(b.num_rows());
+        let mut batch_nulls = false;
+        for r in 0..b.num_rows() {
+            let mut null_key = false;
+            for (k, i) in keys.iter().zip(&key_idx) {
+                if b.column(*i).is_null(r) {
+                    null_key = true;
+                    *null_in.entry(k.clone()).or_default() += 1;
+                }
             }
-            NullKeys::Drop => {
-                df = df
-                    .filter(!any_null_key)
-                    .map_err(|e| Error::datafusion(what(), e))?;
-                dropped = null_keys_n as u64;
-            }
+            null_key_rows += u64::from(null_key);
+            batch_nulls |= null_key;
+            null_ordering_rows += u64::from(!null_key && b.column(ord_idx).is_null(r));
+            keep.append(!null_key);
         }
+        let b = canonical_zeros(b).map_err(|e| Error::datafusion(what(), e.into()))?;
+        let b = if null_keys == NullKeys::Drop && batch_nulls {
+            filter_record_batch(&b, &BooleanArray::new(keep.finish(), None))
+                .map_err(|e| Error::datafusion(what(), e.into()))?
+        } else {
+            b
+        };
+        out.push(b);
     }
-    if null_ordering == NullOrdering::Error {
-        let n = df
-            .clone()
-            .filter(col(quote(ordering)).is_null())
-            .map_err(|e| Error::datafusion(what(), e))?
-            .count()
-            .await
-            .map_err(|e| Error::datafusion(what(), e))?;
-        if n > 0 {
-            return Err(Error::NullValues {
-                sink: sink.to_string(),
-                batch_id,
-                column: ordering.to_string(),
-                rows: n as u64,
-                hint: "the ordering column decides which row of a key is newest; fill it, or set \
-                       null-ordering = \"oldest\" to take NULL as older than any value"
-                    .into(),
-            });
-        }
+    if null_key_rows > 0 && null_keys == NullKeys::Error {
+        return Err(Error::NullValues {
+            sink: sink.to_string(),
+            batch_id,
+            column: null_in.keys().cloned().collect::<Vec<_>>().join(", "),
+            rows: null_key_rows,
+            hint: "a NULL key never matches a stored row, so every batch would insert \
+                   it again; filter such rows out, or set null-keys = \"drop\" to drop \
+                   them (counted in the progress)"
+                .into(),
+        });
     }
+    if null_ordering_rows > 0 && null_ordering == NullOrdering::Error {
+        return Err(Error::NullValues {
+            sink: sink.to_string(),
+            batch_id,
+            column: ordering.to_string(),
+            rows: null_ordering_rows,
+            hint: "the ordering column decides which row of a key is newest; fill it, or set \
+                   null-ordering = \"oldest\" to take NULL as older than any value"
+                .into(),
+        });
+    }
+    let dropped = if null_keys == NullKeys::Drop {
+        null_key_rows
+    } else {
+        0
+    };
+    let df = if out.is_empty() {
+        session.read_batch(RecordBatch::new_empty(schema))
+    } else {
+        session.read_batches(out)
+    }
+    .map_err(|e| Error::datafusion(what(), e))?;
     Ok((df, dropped))
+}
+
+/// `-0.0` as `0.0` in every float column (`x + 0.0` is `x`, except that it turns `-0.0`
+/// into `0.0`).
+fn canonical_zeros(b: RecordBatch) -> std::result::Result<RecordBatch, ArrowError> {
+    let mut cols = b.columns().to_vec();
+    let mut changed = false;
+    for c in cols.iter_mut() {
+        match c.data_type() {
+            DataType::Float64 => {
+                let a: Float64Array = c.as_primitive::<Float64Type>().unary(|v| v + 0.0);
+                *c = Arc::new(a);
+                changed = true;
+            }
+            DataType::Float32 => {
+                let a: Float32Array = c.as_primitive::<Float32Type>().unary(|v| v + 0.0);
+                *c = Arc::new(a);
+                changed = true;
+            }
+            _ => {}
+        }
+    }
+    if !changed {
+        return Ok(b);
+    }
+    RecordBatch::try_new(b.schema(), cols)
 }
 
 /// `col` parses dots and case; a quoted identifier is taken as it is.
 pub(crate) fn quote(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Float64Array, Int64Array};
+    use datafusion::arrow::datatypes::{Field, Int64Type, Schema};
+
+    use super::*;
+
+    fn frame(ids: Vec<Option<i64>>, xs: Vec<Option<f64>>) -> DataFrame {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("x", DataType::Float64, true),
+        ]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(ids)),
+                Arc::new(Float64Array::from(xs)),
+            ],
+        )
+        .unwrap();
+        SessionContext::new().read_batch(b).unwrap()
+    }
+
+    async fn rows(df: DataFrame) -> Vec<(Option<i64>, Option<f64>)> {
+        let mut out = Vec::new();
+        for b in df.collect().await.unwrap() {
+            let ids = b.column(0).as_primitive::<Int64Type>();
+            let xs = b.column(1).as_primitive::<Float64Type>();
+            for i in 0..b.num_rows() {
+                out.push((
+                    ids.is_valid(i).then(|| ids.value(i)),
+                    xs.is_valid(i).then(|| xs.value(i)),
+                ));
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn null_keys_fail_or_drop_and_negative_zero_becomes_zero() {
+        let keys = ["id".to_string()];
+        let df = || {
+            frame(
+                vec![Some(1), None, Some(2)],
+                vec![Some(-0.0), Some(1.0), None],
+            )
+        };
+        let e = apply_null_rules(
+            df(),
+            &keys,
+            "x",
+            NullKeys::Error,
+            NullOrdering::Oldest,
+            "s",
+            7,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("batch 7") && e.contains("id") && e.contains("1 row"),
+            "{e}"
+        );
+        let e = apply_null_rules(
+            df(),
+            &keys,
+            "x",
+            NullKeys::Drop,
+            NullOrdering::Error,
+            "s",
+            7,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("x"), "{e}");
+        let (out, dropped) = apply_null_rules(
+            df(),
+            &keys,
+            "x",
+            NullKeys::Drop,
+            NullOrdering::Oldest,
+            "s",
+            7,
+        )
+        .await
+        .unwrap();
+        assert_eq!(dropped, 1);
+        let got = rows(out).await;
+        assert_eq!(got, vec![(Some(1), Some(0.0)), (Some(2), None)]);
+        assert!(got[0].1.unwrap().is_sign_positive());
+    }
+
+    #[tokio::test]
+    async fn the_greatest_row_of_a_key_wins_and_ties_go_to_the_other_columns() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("t", DataType::Int64, true),
+            Field::new("v", DataType::Utf8, true),
+        ]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 1, 1, 2, 2])),
+                Arc::new(Int64Array::from(vec![
+                    Some(5),
+                    Some(5),
+                    Some(4),
+                    None,
+                    Some(1),
+                ])),
+                Arc::new(datafusion::arrow::array::StringArray::from(vec![
+                    "a", "c", "z", "q", "p",
+                ])),
+            ],
+        )
+        .unwrap();
+        let df = SessionContext::new().read_batch(b).unwrap();
+        let out = dedupe_latest(df, &["id".to_string()], "t")
+            .unwrap()
+            .sort(vec![col("id").sort(true, true)])
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let b = &out[0];
+        let v = b.column(2).as_string::<i32>();
+        assert_eq!((b.num_rows(), v.value(0), v.value(1)), (2, "c", "p"));
+    }
 }

@@ -131,8 +131,42 @@ pub fn json_all(
     Ok(out)
 }
 
-/// Decodes each record on its own (`None`: a null value, read as `{}`), applying `mode` to
-/// the ones that fail. `schema` is the schema asked for (without `_corrupt_record`).
+/// Decodes JSON records (`None`: a null value, read as `{}`), each checked strictly first
+/// (see [`super::validate`]); `joined` is the same records one per line, decoded at once
+/// when every record is sound (the fast path). `mode` decides what a bad record does.
+pub fn json_checked(
+    schema: &SchemaRef,
+    records: &[Option<&[u8]>],
+    joined: &[u8],
+    mode: BadRecordMode,
+) -> Result<Decoded, Malformed> {
+    let parse = parse_schema(schema);
+    let mut sound = true;
+    for (index, r) in records.iter().enumerate() {
+        if let Some(r) = r
+            && let Err(reason) = super::validate::check_record(&parse, r)
+        {
+            if mode == BadRecordMode::FailFast {
+                return Err(Malformed { index, reason });
+            }
+            sound = false;
+            break;
+        }
+    }
+    if sound && let Ok(b) = json_all(schema, joined, Some(records.len())) {
+        let batch =
+            with_corrupt(b, schema, mode, None).map_err(|reason| Malformed { index: 0, reason })?;
+        return Ok(Decoded {
+            batch,
+            malformed: 0,
+        });
+    }
+    json_each(schema, records, mode)
+}
+
+/// Decodes each record on its own (`None`: a null value, read as `{}`), checked strictly,
+/// applying `mode` to the ones that fail. `schema` is the schema asked for (without
+/// `_corrupt_record`).
 pub fn json_each(
     schema: &SchemaRef,
     records: &[Option<&[u8]>],
@@ -147,7 +181,9 @@ pub fn json_each(
         line.clear();
         line.extend(r.unwrap_or(b"{}").iter().filter(|&&b| b != b'\n'));
         line.push(b'\n');
-        match json_all(&parse, &line, Some(1)) {
+        let decoded = super::validate::check_record(&parse, &line)
+            .and_then(|()| json_all(&parse, &line, Some(1)));
+        match decoded {
             Ok(b) => {
                 parts.push(b);
                 corrupt.push(None);
@@ -229,17 +265,19 @@ pub fn csv(
     let mut parts = Vec::new();
     let mut corrupt = Vec::new();
     let mut malformed = 0;
-    for (index, line) in text.split(|&b| b == b'\n').enumerate() {
-        if (header && index == 0) || line.iter().all(u8::is_ascii_whitespace) {
+    for (i, (line, record)) in csv_records(text, delimiter).into_iter().enumerate() {
+        if (header && i == 0) || record.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match all(line, false) {
+        // `index` counts lines from 0: the record starts on line `line` (1-based).
+        let index = line.saturating_sub(1) as usize;
+        match all(record, false) {
             Ok(b) if b.num_rows() == 1 => {
                 parts.push(b);
                 corrupt.push(None);
             }
             Ok(b) => {
-                let reason = format!("a line gave {} rows", b.num_rows());
+                let reason = format!("a record gave {} rows", b.num_rows());
                 if mode == BadRecordMode::FailFast {
                     return Err(Malformed { index, reason });
                 }
@@ -251,7 +289,8 @@ pub fn csv(
                 BadRecordMode::Permissive => {
                     malformed += 1;
                     parts.push(null_row(&parse).map_err(|reason| Malformed { index, reason })?);
-                    corrupt.push(Some(String::from_utf8_lossy(line).into_owned()));
+                    let text = String::from_utf8_lossy(record);
+                    corrupt.push(Some(text.trim_end_matches(['\r', '\n']).to_string()));
                 }
             },
         }
@@ -263,6 +302,36 @@ pub fn csv(
     let batch = with_corrupt(batch, schema, mode, Some(corrupt))
         .map_err(|reason| Malformed { index: 0, reason })?;
     Ok(Decoded { batch, malformed })
+}
+
+/// The records of CSV text as (line the record starts on, its bytes), quoted fields that
+/// span lines kept whole.
+fn csv_records(text: &[u8], delimiter: u8) -> Vec<(u64, &[u8])> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .delimiter(delimiter)
+        .from_reader(text);
+    let mut rec = csv::ByteRecord::new();
+    let mut starts: Vec<(u64, usize)> = Vec::new();
+    loop {
+        let pos = rdr.position().clone();
+        match rdr.read_byte_record(&mut rec) {
+            Ok(true) => starts.push((pos.line(), pos.byte() as usize)),
+            Ok(false) | Err(_) => break,
+        }
+    }
+    let mut out = Vec::with_capacity(starts.len());
+    for (i, (line, start)) in starts.iter().enumerate() {
+        let end = starts.get(i + 1).map_or(text.len(), |n| n.1);
+        out.push((*line, &text[(*start).min(end)..end.min(text.len())]));
+    }
+    out
+}
+
+/// Text without a UTF-8 byte order mark.
+pub fn strip_bom(text: &[u8]) -> &[u8] {
+    text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text)
 }
 
 #[cfg(test)]
@@ -319,5 +388,13 @@ mod tests {
         assert_eq!((d.batch.num_rows(), d.malformed), (2, 1));
         let d = csv(&schema(), text, true, b',', BadRecordMode::Permissive).unwrap();
         assert_eq!((d.batch.num_rows(), d.malformed), (3, 1));
+        // A quoted field over three lines is one record; the bad one is on line 5.
+        let text = b"id,name\n3,\"multi\nline\nmore\"\nbad,x\n";
+        let err = csv(&schema(), text, true, b',', BadRecordMode::FailFast).unwrap_err();
+        assert_eq!(err.index + 1, 5, "{err:?}");
+        let d = csv(&schema(), text, true, b',', BadRecordMode::Permissive).unwrap();
+        assert_eq!((d.batch.num_rows(), d.malformed), (2, 1));
+        let d = csv(&schema(), text, true, b',', BadRecordMode::DropMalformed).unwrap();
+        assert_eq!((d.batch.num_rows(), d.malformed), (1, 1));
     }
 }

@@ -9,6 +9,7 @@ pub mod decode;
 pub mod file;
 pub mod memory;
 pub mod rate;
+pub mod validate;
 
 use std::fmt;
 use std::time::Duration;

@@ -203,6 +203,12 @@ impl crate::connector::SourceSpec for RateConfig {
     }
 
     fn read_limit(&self) -> Result<ReadLimit> {
+        if self.max_offsets_per_trigger == Some(0) {
+            return Err(Error::config(
+                "source.max-offsets-per-trigger",
+                "0 would never read a row: give at least 1",
+            ));
+        }
         Ok(ReadLimit {
             max_rows: self.max_offsets_per_trigger,
             ..ReadLimit::ALL

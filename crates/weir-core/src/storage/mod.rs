@@ -149,6 +149,20 @@ impl Location {
         if text.is_empty() {
             return Err(Error::config(key, "an empty path"));
         }
+        // `s3:/bucket` is a typo of `s3://bucket`, not a local folder named `s3:`.
+        if let Some((scheme, rest)) = text.split_once(':')
+            && !has_scheme(text)
+            && rest.starts_with('/')
+            && [
+                "s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "adl", "hdfs",
+            ]
+            .contains(&scheme.to_ascii_lowercase().as_str())
+        {
+            return Err(Error::config(
+                key,
+                format!("'{text}' has one slash after '{scheme}:': did you mean {scheme}://...?"),
+            ));
+        }
         if !has_scheme(text) {
             let p = Path::new(text);
             let abs = if p.is_absolute() {
@@ -281,14 +295,14 @@ impl Location {
     /// The URI of file `name` of this folder, percent-encoded (`%` too), as Spark records
     /// paths in its logs: `file:///in/a%20b.json`, `s3://bucket/in/a%20b.json`.
     pub fn file_url_encoded(&self, name: &str) -> String {
-        let mut u = self.url.clone();
-        if let Ok(mut segs) = u.path_segments_mut() {
-            segs.pop_if_empty();
-            for s in name.split('/') {
-                segs.push(s);
-            }
+        // Encoded by hand: the url crate drops tabs and newlines from paths, and a name
+        // must come back from `percent_decode` exactly as it was.
+        let mut out = self.url.as_str().to_string();
+        if !out.ends_with('/') {
+            out.push('/');
         }
-        u.to_string()
+        out.push_str(&percent_encode(name));
+        out
     }
 
     /// The URL DataFusion reads file `name` of this folder by (after [`Self::register`]).
@@ -564,6 +578,20 @@ pub async fn blocking<T: Send + 'static>(
             what: format!("a blocking file-system task ended abnormally: {e}"),
         }),
     }
+}
+
+/// Every byte of `name` outside `A-Z a-z 0-9 - . _ ~ [ ] ( ) ! $ & ' * + , ; = : @` as `%XX`
+/// (controls, spaces, `%`, `/`, `?`, `#`, non-ASCII included).
+pub fn percent_encode(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~[]()!$&'*+,;=:@".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// `%XX` sequences decoded (invalid sequences kept as they are).

@@ -45,6 +45,10 @@ fn urls_are_parsed_and_unknown_schemes_refused() {
             "{e}"
         );
     }
+    let e = Location::parse("query.checkpoint", "s3:/bucket/chk", None, &o)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("did you mean s3://"), "{e}");
     // Not a scheme: a local name with a colon.
     let l = Location::parse("path", "a:b", Some(Path::new("/base")), &o).unwrap();
     assert_eq!(l.local_path(), Some(Path::new("/base/a:b")));

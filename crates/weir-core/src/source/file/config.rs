@@ -135,11 +135,21 @@ impl SourceSpec for FilesConfig {
         self.options(env).map(|_| ())
     }
 
+    fn location(&self, env: &BuildEnv) -> Option<crate::storage::Location> {
+        env.location("source.path", &self.path).ok()
+    }
+
     async fn build(&self, env: &BuildEnv) -> Result<Arc<dyn Source>> {
         Ok(Arc::new(FileSource::new(self.options(env)?).await?))
     }
 
     fn read_limit(&self) -> Result<ReadLimit> {
+        if self.max_files_per_trigger == Some(0) {
+            return Err(Error::config(
+                "source.max-files-per-trigger",
+                "0 would never take a file: give at least 1",
+            ));
+        }
         Ok(ReadLimit {
             max_files: self.max_files_per_trigger,
             ..ReadLimit::ALL

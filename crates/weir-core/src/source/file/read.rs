@@ -91,32 +91,31 @@ pub(super) fn decode_file(
     }
     match format {
         FileFormat::Json => {
-            if let Ok(b) = decode::json_all(schema, &bytes, None) {
-                let batch = decode::with_corrupt(b, schema, mode, None)
-                    .map_err(|reason| malformed(shown, 0, reason))?;
-                return Ok(Decoded {
-                    batch,
-                    malformed: 0,
-                });
-            }
-            // Find the bad lines: one record per non-blank line.
+            let text = decode::strip_bom(&bytes);
+            // One record per non-blank line.
             let mut records = Vec::new();
             let mut line_of = Vec::new();
-            for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+            for (i, line) in text.split(|&b| b == b'\n').enumerate() {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
                 records.push(Some(line));
                 line_of.push(i as u64 + 1);
             }
-            decode::json_each(schema, &records, mode)
+            decode::json_checked(schema, &records, text, mode)
                 .map_err(|m| malformed(shown, line_of.get(m.index).copied().unwrap_or(0), m.reason))
         }
         FileFormat::Csv {
             has_header,
             delimiter,
-        } => decode::csv(schema, &bytes, *has_header, *delimiter, mode)
-            .map_err(|m| malformed(shown, m.index as u64 + 1, m.reason)),
+        } => decode::csv(
+            schema,
+            decode::strip_bom(&bytes),
+            *has_header,
+            *delimiter,
+            mode,
+        )
+        .map_err(|m| malformed(shown, m.index as u64 + 1, m.reason)),
         FileFormat::Parquet => {
             let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| {
                 Error::MalformedInput {
