@@ -20,6 +20,7 @@
 //! Exit code 1 when anything does not match; `--json` prints the summary as JSON.
 
 mod input;
+mod power;
 mod retarget;
 mod supervise;
 mod verify;
@@ -42,6 +43,9 @@ use crate::pipeline::{Pipeline, SourceConfig};
 use input::{Input, PARTITIONS};
 pub use retarget::{Target, retarget};
 use supervise::{Ended, log_tail, spawn, wait};
+
+/// What a power cut leaves alone: the input (upstream's), the run logs, the pipeline file.
+const NOT_CUT: &[&str] = &["input", "runs", "pipeline.toml"];
 
 /// The worked example, the default pipeline.
 pub const EXAMPLE: &str = include_str!("../../../../examples/orders_upsert.toml");
@@ -98,6 +102,11 @@ pub struct ChaosArgs {
     /// The `weir` binary to run (default: this one).
     #[arg(long)]
     pub weir: Option<PathBuf>,
+    /// After each run, remove every file and folder that a power cut at that moment could
+    /// have lost (written but not fsynced, or not fsynced in its folder), as the engine's
+    /// journal of durable steps shows; local folders only.
+    #[arg(long)]
+    pub power_loss: bool,
     /// Print the summary as one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -123,6 +132,8 @@ pub struct Summary {
     pub not_reached: u32,
     pub failures: u32,
     pub replays: u32,
+    pub power_cuts: u32,
+    pub lost_on_power_cut: usize,
     pub batches_committed: u64,
     pub input_records: u64,
     pub rows_checked: usize,
@@ -265,6 +276,9 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
         // Restarts after a kill wait for the dead run's lease: keep it short.
         pipeline.query.lease_ttl = Some(weir_core::connector::DurationText(Duration::from_secs(2)));
     }
+    if args.power_loss && args.store.is_some() {
+        bail!("--power-loss simulates a local disk: it cannot be combined with --store");
+    }
     if args.list_points {
         println!("{}", serde_json::to_string(&points(&pipeline))?);
         return Ok(());
@@ -337,8 +351,26 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
             (Some(format!("{point}@{batch}{error}")), None)
         };
         let started = Instant::now();
-        let mut child = spawn(&weir, &pipeline_path, &log, fault.as_deref(), &[])?;
+        let journal = log.with_extension("journal");
+        let journal_env = journal.to_string_lossy().to_string();
+        let (before, env) = if args.power_loss {
+            (
+                Some(power::snapshot(&dir, NOT_CUT)?),
+                vec![(
+                    weir_core::storage::journal::JOURNAL_VAR,
+                    journal_env.as_str(),
+                )],
+            )
+        } else {
+            (None, vec![])
+        };
+        let mut child = spawn(&weir, &pipeline_path, &log, fault.as_deref(), &env)?;
         let ended = wait(&mut child, kill_after, limit, &log).await?;
+        if let Some(before) = &before {
+            let lost = power::cut(&dir, NOT_CUT, before, &journal)?;
+            s.power_cuts += 1;
+            s.lost_on_power_cut += lost.len();
+        }
         let took = started.elapsed().as_millis() as f64;
         s.runs += 1;
         match ended {
@@ -459,6 +491,15 @@ fn report(s: &Summary, points: &[&str]) {
             s.failures
         ),
     );
+    if s.power_cuts > 0 {
+        row(
+            "power cuts",
+            format!(
+                "{} ({} files and folders not yet durable were dropped)",
+                s.power_cuts, s.lost_on_power_cut
+            ),
+        );
+    }
     row("batches committed", s.batches_committed.to_string());
     row(
         "batches replayed",

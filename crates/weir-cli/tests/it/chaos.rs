@@ -72,8 +72,8 @@ fn chaos_on_the_worked_example_finds_no_mismatch() {
 
 /// `weir chaos` on a files pipeline with an append sink of each kind and a MERGE, on files
 /// with awkward names, empty files, NULLs and ties, and retention of 3 batches so purging
-/// and compaction run under the kills: no services needed; the append sinks must hold
-/// every input row exactly once.
+/// and compaction run under the kills, each run followed by a simulated power cut: no
+/// services needed; the append sinks must hold every input row exactly once.
 #[test]
 fn chaos_on_a_files_pipeline_checks_append_and_merge_sinks() {
     let dir = temp_dir();
@@ -125,7 +125,14 @@ ordering = "updated_at"
         "3",
         "--dir",
         work.to_str().unwrap(),
+        "--power-loss",
     ]);
+    // Every run ended in a power cut that dropped what was not yet durable.
+    assert_eq!(
+        s["power_cuts"].as_u64().unwrap() + 1,
+        s["runs"].as_u64().unwrap(),
+        "{s}"
+    );
     assert_eq!(s["mismatches"], serde_json::json!([]), "{s}");
     let records = s["input_records"].as_u64().unwrap();
     let checked = checked(&s);

@@ -4,6 +4,7 @@
 
 mod chaos;
 mod config;
+mod durability;
 mod kills;
 mod signals;
 mod spark;

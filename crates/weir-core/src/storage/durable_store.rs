@@ -45,6 +45,13 @@ impl DurableLocalStore {
         self.inner.path_to_filesystem(location)
     }
 
+    /// Journals (for power-cut tests) that `location` is about to be written.
+    fn note_new(&self, location: &Path) {
+        if let Ok(p) = self.fs_path(location) {
+            super::journal::note('N', &p);
+        }
+    }
+
     async fn sync(&self, location: &Path) -> object_store::Result<()> {
         let path = self.fs_path(location)?;
         sync_path(path).await
@@ -102,6 +109,7 @@ impl ObjectStore for DurableLocalStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
+        self.note_new(location);
         let r = self.inner.put_opts(location, payload, opts).await?;
         self.sync(location).await?;
         Ok(r)
@@ -112,6 +120,7 @@ impl ObjectStore for DurableLocalStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.note_new(location);
         let inner = self.inner.put_multipart_opts(location, opts).await?;
         Ok(Box::new(DurableUpload {
             inner,
@@ -164,6 +173,7 @@ impl ObjectStore for DurableLocalStore {
         to: &Path,
         options: CopyOptions,
     ) -> object_store::Result<()> {
+        self.note_new(to);
         self.inner.copy_opts(from, to, options).await?;
         self.sync(to).await
     }
@@ -174,6 +184,7 @@ impl ObjectStore for DurableLocalStore {
         to: &Path,
         options: RenameOptions,
     ) -> object_store::Result<()> {
+        self.note_new(to);
         self.inner.rename_opts(from, to, options).await?;
         self.sync(to).await
     }

@@ -10,7 +10,7 @@ use std::time::UNIX_EPOCH;
 
 use bytes::Bytes;
 
-use super::{FileMeta, WriteOutcome};
+use super::{FileMeta, WriteOutcome, journal};
 use crate::error::{Error, Result};
 
 /// Folders known to be durable in their parent (created by an earlier run, or created and
@@ -64,6 +64,7 @@ pub(super) fn create_dir_durable(dir: &Path) -> Result<()> {
         cur = d.parent();
     }
     for d in missing.iter().rev() {
+        journal::note('N', d);
         match fs::create_dir(d) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
@@ -110,7 +111,7 @@ pub(super) fn write_new(path: &Path, bytes: &[u8]) -> Result<WriteOutcome> {
     let dir = parent(path)?;
     create_dir_durable(dir)?;
     let tmp = temp_name(path)?;
-    let result = write_temp(&tmp, bytes).and_then(|()| match fs::hard_link(&tmp, path) {
+    let result = write_temp(&tmp, bytes).and_then(|()| match link_noted(&tmp, path) {
         Ok(()) => Ok(WriteOutcome::Written),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(WriteOutcome::AlreadyExists),
         Err(e) => Err(Error::io("linking into place", path, e)),
@@ -133,22 +134,38 @@ pub(super) fn write_replace(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
+    journal::note('N', path);
     fs::rename(&tmp, path).map_err(|e| Error::io("renaming into place", path, e))?;
+    // The content was fsynced under the temp name: the same inode.
+    journal::note('S', path);
     sync_dir(dir)
+}
+
+/// Hard-links the fsynced temp file `tmp` to `path` (which must not exist).
+fn link_noted(tmp: &Path, path: &Path) -> std::io::Result<()> {
+    journal::note('N', path);
+    fs::hard_link(tmp, path)?;
+    // The content was fsynced under the temp name: the same inode.
+    journal::note('S', path);
+    Ok(())
 }
 
 /// Fsyncs a folder so that the names created or removed in it are durable.
 pub(super) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io("syncing folder", dir, e))
+        .map_err(|e| Error::io("syncing folder", dir, e))?;
+    journal::note('D', dir);
+    Ok(())
 }
 
 /// Fsyncs a file's contents.
 pub(super) fn sync_file(path: &Path) -> Result<()> {
     File::open(path)
         .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io("syncing", path, e))
+        .map_err(|e| Error::io("syncing", path, e))?;
+    journal::note('S', path);
+    Ok(())
 }
 
 pub(super) fn read(path: &Path) -> Result<Option<Bytes>> {

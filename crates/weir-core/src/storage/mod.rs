@@ -19,6 +19,7 @@
 //! pool, never on the async worker threads.
 
 mod durable_store;
+pub mod journal;
 mod local;
 mod options;
 mod remote;
