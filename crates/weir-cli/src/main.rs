@@ -7,6 +7,7 @@ mod generate;
 mod pipeline;
 mod report;
 mod show;
+mod soak;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,8 +23,18 @@ use clap::{Parser, Subcommand};
     about = "Micro-batch stream processing with exactly-once sinks"
 )]
 struct Cli {
+    /// Log lines as text or as JSON objects (one per line, with the query name and batch id
+    /// as fields of every line about a batch).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -43,6 +54,14 @@ enum Command {
         /// second signal stops at once.
         #[arg(long, default_value = "60s")]
         stop_grace: String,
+        /// Serves /metrics (Prometheus), /healthz, /readyz, /api/progress and a live page
+        /// at this address (e.g. 127.0.0.1:9464). Off by default.
+        #[arg(long)]
+        http: Option<String>,
+        /// /readyz fails when no batch ended for this many trigger intervals (and at least
+        /// a minute) while the query was not waiting for data.
+        #[arg(long, default_value_t = 10)]
+        stall_intervals: u32,
     },
     /// Checks a pipeline file without running it: keys, values, paths, secrets.
     Check {
@@ -59,6 +78,8 @@ enum Command {
     /// Kills a pipeline (the worked example by default) again and again, at random moments
     /// and at fault points, then checks every sink against the input.
     Chaos(chaos::ChaosArgs),
+    /// Runs a pipeline for many batches and samples memory and batch time as they pass.
+    Soak(soak::SoakArgs),
     /// Looks at a checkpoint folder.
     Checkpoint {
         #[command(subcommand)]
@@ -73,7 +94,8 @@ enum CheckpointCommand {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
                 // delta-rs logs an ERROR when it opens a table that does not exist yet (the
@@ -83,9 +105,11 @@ fn main() -> ExitCode {
                 )
             }),
         )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -115,9 +139,18 @@ async fn dispatch(command: Command) -> Result<()> {
             progress,
             quiet,
             stop_grace,
+            http,
+            stall_intervals,
         } => {
             let grace = weir_core::engine::trigger::parse_duration("--stop-grace", &stop_grace)?;
-            run_pipeline(&pipeline, progress.as_deref(), quiet, grace).await
+            let opts = RunOptions {
+                progress,
+                quiet,
+                grace,
+                http,
+                stall_intervals,
+            };
+            run_pipeline(&pipeline, &opts).await
         }
         Command::Check { pipeline } => {
             let p = pipeline::Pipeline::load(&pipeline)?;
@@ -137,26 +170,52 @@ async fn dispatch(command: Command) -> Result<()> {
         }
         Command::Bench(args) => bench::run(args).await,
         Command::Chaos(args) => chaos::run(args).await,
+        Command::Soak(args) => soak::run(args).await,
         Command::Checkpoint {
             command: CheckpointCommand::Show { dir },
         } => show::show(&dir).await,
     }
 }
 
-async fn run_pipeline(
-    path: &std::path::Path,
-    progress: Option<&str>,
+/// How `weir run` runs a pipeline.
+struct RunOptions {
+    progress: Option<String>,
     quiet: bool,
     grace: std::time::Duration,
-) -> Result<()> {
+    http: Option<String>,
+    stall_intervals: u32,
+}
+
+async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
+    let grace = opts.grace;
     let pipeline = pipeline::Pipeline::load(path)?;
     let mut writer = pipeline.writer().await?;
-    if let Some(p) = progress {
+    if let Some(p) = &opts.progress {
         writer = writer.listener(Arc::new(report::JsonLines::open(p)?));
     }
-    if !quiet {
+    if !opts.quiet {
         writer = writer.listener(Arc::new(report::HumanLines));
     }
+    // Bound before the query starts: a busy port stops here, before any batch runs.
+    let _endpoint = match &opts.http {
+        Some(addr) => {
+            let interval = std::time::Duration::from_millis(pipeline.trigger()?.interval_ms());
+            let stall = (interval * opts.stall_intervals).max(std::time::Duration::from_secs(60));
+            let monitor = Arc::new(weir_http::Monitor::new(
+                &pipeline.query.name,
+                interval,
+                stall,
+            ));
+            let endpoint = weir_http::serve(addr, monitor.clone()).await?;
+            eprintln!(
+                "weir: monitoring at http://{} (/metrics, /healthz, /readyz, /api/progress)",
+                endpoint.addr()
+            );
+            writer = writer.listener(monitor);
+            Some(endpoint)
+        }
+        None => None,
+    };
     // Signals are caught before the query starts, so a SIGTERM during start-up is not lost.
     let mut signals = Signals::new()?;
     let query = writer

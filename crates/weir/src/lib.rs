@@ -22,3 +22,7 @@ pub use weir_postgres as postgres;
 /// The Kafka source.
 #[cfg(feature = "kafka")]
 pub use weir_kafka as kafka;
+
+/// The monitoring endpoint: Prometheus metrics, health and readiness, a live page.
+#[cfg(feature = "http")]
+pub use weir_http as http;

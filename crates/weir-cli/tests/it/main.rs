@@ -6,6 +6,7 @@ mod chaos;
 mod config;
 mod durability;
 mod kills;
+mod monitor;
 mod signals;
 mod spark;
 mod storage;

@@ -5,11 +5,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use weir_testkit::{parquet_rows, temp_dir};
+use weir_core::datafusion::prelude::SessionContext;
+use weir_testkit::{parquet_rows, rows, temp_dir};
 
 use crate::{bin, gen_orders, input_rows, pipeline};
-
-const SINK: &str = "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n";
 
 /// Starts `weir run` on a pipeline that runs one file per 100 ms, with batch 1 held for
 /// `hold_ms` before the user function.
@@ -57,11 +56,71 @@ fn finish(child: Child) -> (Option<i32>, String) {
     )
 }
 
+/// Delta append, PostgreSQL upsert into `table` and Parquet.
+fn sinks(table: &str) -> String {
+    let url = &weir_testkit::postgres().url;
+    format!(
+        "[[sink]]\ntype = \"delta-append\"\npath = \"delta\"\n\n\
+         [[sink]]\ntype = \"postgres-upsert\"\nurl = \"{url}\"\ntable = \"{table}\"\n\
+         keys = [\"order_id\"]\nordering = \"updated_at\"\ncreate-table = true\n\n\
+         [[sink]]\ntype = \"parquet\"\npath = \"out\"\n"
+    )
+}
+
+/// Every sink holds the input exactly once: Delta and Parquet every row, PostgreSQL one row
+/// per key; one Delta commit and one ledger row per batch (none written twice or skipped).
+async fn check_sinks(dir: &Path, table: &str, batches: u64) {
+    let cols = ["order_id", "status", "amount", "updated_at"];
+    let input = input_rows(&dir.join("in")).await;
+    assert_eq!(parquet_rows(&dir.join("out"), &cols).await, input);
+    let ctx = SessionContext::new();
+    let delta = weir_delta::read_table(&ctx, &dir.join("delta").into())
+        .await
+        .unwrap();
+    assert_eq!(rows(delta.select_columns(&cols).unwrap()).await, input);
+    let version = weir_delta::table_version(&dir.join("delta").into())
+        .await
+        .unwrap();
+    assert_eq!(version, Some(batches - 1), "one Delta commit per batch");
+    let url = &weir_testkit::postgres().url;
+    let keys: std::collections::BTreeSet<&str> =
+        input.iter().map(|r| r.split('|').next().unwrap()).collect();
+    let got = weir_testkit::pg_rows(url, &format!("SELECT order_id::text FROM {table}")).await;
+    assert_eq!(got.len(), keys.len(), "one PostgreSQL row per key");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("chk/metadata")).unwrap()).unwrap();
+    let ledger = weir_testkit::pg_rows(
+        url,
+        &format!(
+            "SELECT batch_id::text FROM {} WHERE app_id LIKE '%{}%'",
+            weir_postgres::DEFAULT_LEDGER,
+            meta["id"].as_str().unwrap()
+        ),
+    )
+    .await;
+    assert_eq!(
+        ledger.len() as u64,
+        batches,
+        "one ledger row per batch: {ledger:?}"
+    );
+}
+
+/// Points the pipeline back at available-now and runs it to the end (printing its lines).
+fn restart(p: &Path) -> String {
+    let text = std::fs::read_to_string(p)
+        .unwrap()
+        .replace("\"100ms\"", "\"available-now\"");
+    std::fs::write(p, text).unwrap();
+    let out = weir_testkit::run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[tokio::test]
 async fn sigterm_finishes_and_commits_the_batch_in_progress_then_exits_0() {
     let dir = temp_dir();
     gen_orders(&dir.path().join("in"), 4, 5, 3);
-    let p = pipeline(dir.path(), SINK);
+    let p = pipeline(dir.path(), &sinks("sigterm_orders"));
     let child = start(&p, 1500, &[]);
     wait_for(&dir.path().join("chk/offsets/1"));
     signal(&child, "-TERM");
@@ -74,32 +133,26 @@ async fn sigterm_finishes_and_commits_the_batch_in_progress_then_exits_0() {
     let chk = dir.path().join("chk");
     assert!(chk.join("commits/1").exists(), "{err}");
     assert!(!chk.join("offsets/2").exists(), "{err}");
-    // Two of four files were read, each once; a restart without the hold reads the rest.
-    assert_eq!(
-        parquet_rows(&dir.path().join("out"), &["order_id"])
-            .await
-            .len(),
-        10
+    // Two of four files were read, each once; the restart goes on from batch 2 (batch 1 is
+    // not run again) and reads the rest.
+    let cols = ["order_id"];
+    assert_eq!(parquet_rows(&dir.path().join("out"), &cols).await.len(), 10);
+    let stdout = restart(&p);
+    assert!(
+        stdout.contains("batch 2:") && !stdout.contains("batch 1:"),
+        "{stdout}"
     );
-    let text = std::fs::read_to_string(&p)
-        .unwrap()
-        .replace("\"100ms\"", "\"available-now\"");
-    std::fs::write(&p, text).unwrap();
-    let out = weir_testkit::run_weir(&bin(), &["run", p.to_str().unwrap(), "--quiet"], None);
-    assert!(out.status.success(), "{out:?}");
-    let cols = ["order_id", "status", "amount", "updated_at"];
-    assert_eq!(
-        parquet_rows(&dir.path().join("out"), &cols).await,
-        input_rows(&dir.path().join("in")).await
-    );
+    check_sinks(dir.path(), "sigterm_orders", 4).await;
 }
 
 #[tokio::test]
 async fn a_second_signal_or_the_grace_period_stops_at_once_and_the_batch_runs_again() {
-    for (extra, second) in [(&[][..], true), (&["--stop-grace", "300ms"][..], false)] {
+    let cases = [(&[][..], true), (&["--stop-grace", "300ms"][..], false)];
+    for (i, (extra, second)) in cases.into_iter().enumerate() {
         let dir = temp_dir();
         gen_orders(&dir.path().join("in"), 3, 5, 3);
-        let p = pipeline(dir.path(), SINK);
+        let table = format!("hard_stop_orders_{i}");
+        let p = pipeline(dir.path(), &sinks(&table));
         let child = start(&p, 30_000, extra);
         let chk = dir.path().join("chk");
         wait_for(&chk.join("offsets/1"));
@@ -120,16 +173,54 @@ async fn a_second_signal_or_the_grace_period_stops_at_once_and_the_batch_runs_ag
         assert!(err.contains(why) && err.contains("runs again"), "{err}");
         assert!(!chk.join("commits/1").exists(), "{err}");
         // The next start runs batch 1 again with the same file, and nothing is doubled.
-        let text = std::fs::read_to_string(&p)
-            .unwrap()
-            .replace("\"100ms\"", "\"available-now\"");
-        std::fs::write(&p, text).unwrap();
-        let out = weir_testkit::run_weir(&bin(), &["run", p.to_str().unwrap(), "--quiet"], None);
-        assert!(out.status.success(), "{out:?}");
-        let cols = ["order_id", "status", "amount", "updated_at"];
-        assert_eq!(
-            parquet_rows(&dir.path().join("out"), &cols).await,
-            input_rows(&dir.path().join("in")).await
-        );
+        let stdout = restart(&p);
+        assert!(stdout.contains("batch 1:"), "batch 1 runs again: {stdout}");
+        check_sinks(dir.path(), &table, 3).await;
     }
+}
+
+/// `--log-format json`: one JSON object per line; a line about a batch (here the Delta sink
+/// skipping the replayed batch it already holds) carries the query and the batch id.
+#[test]
+fn json_logs_carry_the_query_and_batch_id() {
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 3, 5, 3);
+    let p = pipeline(
+        dir.path(),
+        "[[sink]]\ntype = \"delta-append\"\npath = \"delta\"\n",
+    );
+    let crash = weir_testkit::run_weir(
+        &bin(),
+        &["run", p.to_str().unwrap()],
+        Some(&format!("{}@1", weir_delta::POINT_AFTER_COMMIT)),
+    );
+    assert!(!crash.status.success());
+    let out = Command::new(bin())
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            p.to_str().unwrap(),
+            "--quiet",
+        ])
+        .env_remove("WEIR_FAULT")
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let skipped = lines
+        .iter()
+        .find(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("skipped"))
+        })
+        .unwrap_or_else(|| panic!("no line about the skipped batch: {err}"));
+    assert_eq!(skipped["span"]["query"], "orders", "{skipped}");
+    assert_eq!(skipped["span"]["batch_id"], 1, "{skipped}");
 }

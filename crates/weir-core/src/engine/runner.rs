@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use datafusion::datasource::{MemTable, TableProvider};
 use datafusion::prelude::{DataFrame, SessionContext};
@@ -208,7 +209,11 @@ impl Runner {
                         replay: true,
                     }
                 }
-                None => match self.plan(next_id, start.as_ref(), &mut durations).await? {
+                None => match self
+                    .plan(next_id, start.as_ref(), &mut durations)
+                    .instrument(self.batch_span(next_id))
+                    .await?
+                {
                     Some(p) => p,
                     None => {
                         match self.spec.trigger {
@@ -265,6 +270,7 @@ impl Runner {
             let id = planned.id;
             let (rows, metrics) = self
                 .run_batch(&planned, start.as_ref(), &mut durations)
+                .instrument(self.batch_span(id))
                 .await?;
             let total = trigger_start.elapsed();
             durations.insert("triggerExecution".into(), total.as_millis() as u64);
@@ -294,6 +300,12 @@ impl Runner {
                 }
             }
         }
+    }
+
+    /// The span every log line about batch `id` is written in: it carries the query's
+    /// name and the batch id as fields (`--log-format json` shows them on each line).
+    fn batch_span(&self, id: u64) -> tracing::Span {
+        tracing::info_span!("batch", query = %self.shared.name, batch_id = id)
     }
 
     /// Steps 1-2: decides batch `id`'s range and records it. `None`: no new data.

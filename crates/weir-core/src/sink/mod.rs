@@ -111,6 +111,7 @@ impl ForeachBatch for FanOut {
         };
         for (name, sink) in &self.sinks {
             let started = std::time::Instant::now();
+            let rows_before = ctx.metrics.output_rows();
             sink.call(batch.clone(), ctx.clone())
                 .await
                 .map_err(|source| {
@@ -123,6 +124,12 @@ impl ForeachBatch for FanOut {
             // Where addBatch went, per sink, in the progress report.
             ctx.metrics
                 .record(name, SinkMetric::DurationMs, started.elapsed().as_millis());
+            // The rows this sink wrote (sinks add to one batch-wide count, one after another).
+            let rows_after = ctx.metrics.output_rows();
+            if rows_after != rows_before {
+                ctx.metrics
+                    .record(name, SinkMetric::Rows, rows_after - rows_before.max(0));
+            }
         }
         Ok(())
     }

@@ -1,0 +1,269 @@
+//! `weir run --http`: a real Prometheus scrapes it, promtool accepts the exposition, and
+//! headless Chromium shows the batches that ran on the live page.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use weir_testkit::service::free_port;
+use weir_testkit::temp_dir;
+
+use crate::{bin, gen_orders, pipeline};
+
+/// GET `url` with curl: (HTTP status, body).
+fn get(url: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `weir run` on `files` files of 5 orders, one file per 200 ms trigger, serving on a free
+/// port; returns the child and the base URL.
+fn start(dir: &Path, files: usize) -> (Child, String) {
+    gen_orders(&dir.join("in"), files, 5, 3);
+    let p = pipeline(dir, "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("\"available-now\"", "\"200ms\"");
+    std::fs::write(&p, text).unwrap();
+    let port = free_port();
+    let child = Command::new(bin())
+        .args(["run", p.to_str().unwrap(), "--quiet", "--http"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until("the endpoint", Duration::from_secs(60), || {
+        get(&format!("{base}/healthz")).0 == 200
+    });
+    (child, base)
+}
+
+fn progress(base: &str) -> Vec<Value> {
+    serde_json::from_str(&get(&format!("{base}/api/progress")).1).unwrap()
+}
+
+struct Stop(Child);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn prometheus_scrapes_the_batch_counter_and_phase_histogram_and_promtool_accepts_them() {
+    let dir = temp_dir();
+    let (child, base) = start(dir.path(), 40);
+    let _stop = Stop(child);
+    wait_until("a batch", Duration::from_secs(60), || {
+        !progress(&base).is_empty()
+    });
+    let (code, ready) = get(&format!("{base}/readyz"));
+    assert_eq!(code, 200, "{ready}");
+    let (_, metrics) = get(&format!("{base}/metrics"));
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (.ci/run installs the prometheus package)");
+    use std::io::Write;
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{metrics}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sink_rows = format!(
+        "weir_sink_rows_total{{query=\"orders\",sink=\"parquet {}\"}}",
+        dir.path().join("out").display()
+    );
+    for name in [
+        "weir_build_info{version=",
+        "weir_batches_committed_total{query=\"orders\"}",
+        "weir_batch_phase_duration_seconds_bucket{query=\"orders\",phase=\"addBatch\",le=\"+Inf\"}",
+        sink_rows.as_str(),
+        "process_resident_memory_bytes",
+    ] {
+        assert!(metrics.contains(name), "{name} missing:\n{metrics}");
+    }
+
+    // A real Prometheus server scrapes it every second.
+    let prom_dir = dir.path().join("prom");
+    std::fs::create_dir_all(&prom_dir).unwrap();
+    let target = base.trim_start_matches("http://");
+    std::fs::write(
+        prom_dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: weir\n    \
+             static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let prom_port = free_port();
+    let prom = Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            prom_dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            prom_dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus (.ci/run installs it)");
+    let _prom = Stop(prom);
+    let query = |q: &str| -> Vec<Value> {
+        let url = format!("http://127.0.0.1:{prom_port}/api/v1/query?query={q}");
+        let (_, body) = get(&url);
+        serde_json::from_str::<Value>(&body)
+            .ok()
+            .and_then(|v| v["data"]["result"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    let value = |r: &[Value]| -> f64 {
+        r.first()
+            .and_then(|s| s["value"][1].as_str())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1.0)
+    };
+    let mut first = -1.0;
+    wait_until("a first scrape", Duration::from_secs(90), || {
+        first = value(&query("weir_batches_committed_total"));
+        first >= 1.0
+    });
+    wait_until("the counter to increase", Duration::from_secs(60), || {
+        value(&query("weir_batches_committed_total")) > first
+    });
+    let buckets = query("weir_batch_phase_duration_seconds_bucket%7Bphase%3D%22addBatch%22%7D");
+    assert!(buckets.len() > 10, "{buckets:?}");
+    let count = value(&query(
+        "weir_batch_phase_duration_seconds_count%7Bphase%3D%22triggerExecution%22%7D",
+    ));
+    assert!(count >= first, "{count} < {first}");
+}
+
+#[test]
+fn the_live_page_shows_the_batches_that_ran_in_headless_chromium() {
+    let dir = temp_dir();
+    // Six files: six batches, then the query waits for more (the page's figures hold still).
+    let (child, base) = start(dir.path(), 6);
+    let _stop = Stop(child);
+    wait_until("six batches", Duration::from_secs(60), || {
+        progress(&base).len() == 6
+    });
+    let want = progress(&base);
+    let chromium = |extra: &[&str]| {
+        Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--window-size=1400,1100",
+                "--virtual-time-budget=4000",
+            ])
+            .args(extra)
+            .arg(format!("{base}/"))
+            .output()
+            .expect("chromium (.ci/run installs it)")
+    };
+    let out = chromium(&["--dump-dom"]);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        dom.contains("data-batches=\"6\""),
+        "the page did not load the progress: {dom}"
+    );
+    // Every chart holds a point per batch that ran.
+    let ids: Vec<String> = want.iter().map(|p| p["batchId"].to_string()).collect();
+    for chart in ["rates", "rows", "phases", "sinks", "interval-chart"] {
+        let tag = dom
+            .split("<canvas")
+            .find(|c| c.contains(&format!("id=\"{chart}\"")))
+            .unwrap_or_else(|| panic!("no chart {chart}: {dom}"));
+        assert!(tag.contains("data-points=\"6\""), "{chart}: {tag}");
+        assert!(
+            tag.contains(&format!("data-batches=\"{}\"", ids.join(","))),
+            "{chart}: {tag}"
+        );
+    }
+    // The table's numbers are the progress reports' numbers.
+    for p in &want {
+        let row = dom
+            .split("<tr ")
+            .find(|r| r.starts_with(&format!("data-batch=\"{}\"", p["batchId"])))
+            .unwrap_or_else(|| panic!("no row for batch {}: {dom}", p["batchId"]));
+        let cell = |key: &str| {
+            let at = row.find(&format!("data-key=\"{key}\">")).unwrap() + key.len() + 12;
+            row[at..].split('<').next().unwrap().to_string()
+        };
+        assert_eq!(cell("numInputRows"), p["numInputRows"].to_string());
+        assert_eq!(cell("addBatch"), p["durationMs"]["addBatch"].to_string());
+        assert_eq!(
+            cell("triggerExecution"),
+            p["durationMs"]["triggerExecution"].to_string()
+        );
+        assert_eq!(cell("timestamp"), p["timestamp"].as_str().unwrap());
+    }
+    let shot = dir.path().join("page.png");
+    let out = chromium(&[&format!("--screenshot={}", shot.display())]);
+    let png = std::fs::read(&shot).unwrap_or_else(|e| panic!("no screenshot ({e}): {out:?}"));
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    if let Ok(keep) = std::env::var("WEIR_KEEP_SCREENSHOT") {
+        std::fs::copy(&shot, keep).unwrap();
+    }
+}
+
+/// The README's scrape configuration is one Prometheus accepts.
+#[test]
+fn the_readme_scrape_config_passes_promtool() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let dir = temp_dir();
+    let mut n = 0;
+    for block in readme.split("```yaml\n").skip(1) {
+        let text = block.split("```").next().unwrap();
+        let p = dir.path().join(format!("prometheus-{n}.yml"));
+        std::fs::write(&p, text).unwrap();
+        let out = Command::new("promtool")
+            .args(["check", "config"])
+            .arg(&p)
+            .output()
+            .expect("promtool (.ci/run installs the prometheus package)");
+        assert!(out.status.success(), "{text}\n{out:?}");
+        n += 1;
+    }
+    assert!(n > 0, "no yaml block in the README");
+}

@@ -1,0 +1,492 @@
+//! What the endpoint shows, kept up to date by the query's events.
+//!
+//! [`Monitor`] is a [`QueryListener`]: add it to a query with `.listener(monitor.clone())`.
+//! Everything it keeps is bounded: counters, fixed-bucket histograms, the last
+//! [`RECENT`] progress reports and one lag figure per Kafka partition.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use weir_core::engine::{
+    FallingBehind, QueryIdle, QueryListener, QueryStarted, QueryTerminated, StreamingQueryProgress,
+};
+use weir_core::sink::{CACHE_DURATION_KEY, SinkMetric};
+
+use crate::histogram::Histogram;
+
+/// How many progress reports `/api/progress` and the page keep.
+pub const RECENT: usize = 300;
+
+/// The `durationMs` phases, in the order a batch passes them.
+pub const PHASES: [&str; 7] = [
+    "latestOffset",
+    "walCommit",
+    "getBatch",
+    "queryPlanning",
+    "addBatch",
+    "commitOffsets",
+    "triggerExecution",
+];
+
+/// Where the query is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Starting,
+    Active,
+    Stopped,
+    Failed,
+}
+
+#[derive(Debug, Default)]
+struct SinkFigures {
+    rows: u64,
+    skipped: u64,
+    duration: Histogram,
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    query_id: Option<uuid::Uuid>,
+    started: Instant,
+    last_activity: Instant,
+    /// The last trigger found no new data (the query waits, it is not stuck).
+    idle: bool,
+    committed: u64,
+    failed: u64,
+    replayed: u64,
+    input_rows: BTreeMap<String, u64>,
+    sinks: BTreeMap<String, SinkFigures>,
+    phases: BTreeMap<&'static str, Histogram>,
+    last_batch: Option<(u64, f64)>,
+    add_batch_ratio: Option<f64>,
+    behind: bool,
+    behind_fraction: f64,
+    lag: BTreeMap<(String, String), i64>,
+    last_error: Option<String>,
+    recent: VecDeque<StreamingQueryProgress>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Monitor {
+    name: String,
+    interval: Duration,
+    stall_after: Duration,
+    state: Mutex<State>,
+}
+
+/// The query's state as `/api/status` gives it (and the page shows it).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub name: String,
+    pub id: Option<uuid::Uuid>,
+    pub phase: Phase,
+    pub ready: bool,
+    pub reason: String,
+    pub trigger_interval_ms: u64,
+    pub batches_committed: u64,
+    pub batches_failed: u64,
+    pub batches_replayed: u64,
+    pub falling_behind: bool,
+    pub behind_fraction: f64,
+    pub last_error: Option<String>,
+    /// Records behind the newest offset, per `topic/partition`.
+    pub kafka_lag: BTreeMap<String, i64>,
+}
+
+fn now_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Records behind latest per (topic, partition), when both offsets have Kafka's shape
+/// `{"topic": {"0": 12}}`.
+fn kafka_lag(
+    end: Option<&serde_json::Value>,
+    latest: Option<&serde_json::Value>,
+) -> Vec<((String, String), i64)> {
+    let (Some(end), Some(latest)) = (
+        end.and_then(|v| v.as_object()),
+        latest.and_then(|v| v.as_object()),
+    ) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (topic, parts) in latest {
+        let Some(parts) = parts.as_object() else {
+            continue;
+        };
+        for (p, newest) in parts {
+            let (Some(newest), Some(done)) = (
+                newest.as_i64(),
+                end.get(topic)
+                    .and_then(|t| t.get(p))
+                    .and_then(|v| v.as_i64()),
+            ) else {
+                continue;
+            };
+            out.push(((topic.clone(), p.clone()), (newest - done).max(0)));
+        }
+    }
+    out
+}
+
+impl Monitor {
+    /// A monitor for query `name` with trigger interval `interval` (zero for `0`,
+    /// available-now and once). `/readyz` fails when no batch ended and no trigger found the
+    /// source idle for `stall_after`.
+    pub fn new(name: &str, interval: Duration, stall_after: Duration) -> Monitor {
+        let now = Instant::now();
+        Monitor {
+            name: name.to_string(),
+            interval,
+            stall_after,
+            state: Mutex::new(State {
+                phase: Phase::Starting,
+                query_id: None,
+                started: now,
+                last_activity: now,
+                idle: false,
+                committed: 0,
+                failed: 0,
+                replayed: 0,
+                input_rows: BTreeMap::new(),
+                sinks: BTreeMap::new(),
+                phases: BTreeMap::new(),
+                last_batch: None,
+                add_batch_ratio: None,
+                behind: false,
+                behind_fraction: 0.7,
+                lag: BTreeMap::new(),
+                last_error: None,
+                recent: VecDeque::new(),
+            }),
+        }
+    }
+
+    /// The query's name (a label of every metric).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
+        self.state.lock().ok().map(|mut s| f(&mut s))
+    }
+
+    /// The recent progress reports, oldest first.
+    pub fn recent(&self) -> Vec<StreamingQueryProgress> {
+        self.with(|s| s.recent.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Ready: active, and a batch ended (or a trigger found nothing new) within
+    /// `stall_after`.
+    pub fn status(&self) -> Status {
+        let stall = self.stall_after;
+        self.with(|s| {
+            let quiet = s.last_activity.elapsed();
+            let (ready, reason) = match s.phase {
+                Phase::Starting => (false, "the query is starting".to_string()),
+                Phase::Failed => (false, "the query failed".to_string()),
+                Phase::Stopped => (false, "the query stopped".to_string()),
+                Phase::Active if quiet > stall && !s.idle => (
+                    false,
+                    format!(
+                        "no batch ended for {} s (more than {} s)",
+                        quiet.as_secs(),
+                        stall.as_secs()
+                    ),
+                ),
+                Phase::Active => (true, "running".to_string()),
+            };
+            Status {
+                name: self.name.clone(),
+                id: s.query_id,
+                phase: s.phase.clone(),
+                ready,
+                reason,
+                trigger_interval_ms: self.interval.as_millis() as u64,
+                batches_committed: s.committed,
+                batches_failed: s.failed,
+                batches_replayed: s.replayed,
+                falling_behind: s.behind,
+                behind_fraction: s.behind_fraction,
+                last_error: s.last_error.clone(),
+                kafka_lag: s
+                    .lag
+                    .iter()
+                    .map(|((t, p), l)| (format!("{t}/{p}"), *l))
+                    .collect(),
+            }
+        })
+        .unwrap_or_else(|| Status {
+            name: self.name.clone(),
+            id: None,
+            phase: Phase::Failed,
+            ready: false,
+            reason: "the monitor's state is poisoned".into(),
+            trigger_interval_ms: 0,
+            batches_committed: 0,
+            batches_failed: 0,
+            batches_replayed: 0,
+            falling_behind: false,
+            behind_fraction: 0.0,
+            last_error: None,
+            kafka_lag: BTreeMap::new(),
+        })
+    }
+
+    /// The metrics in Prometheus' text format (without the `process_` ones).
+    pub fn render(&self, out: &mut crate::expo::Exposition) {
+        let q = [("query", self.name.as_str())];
+        let Some(()) = self.with(|s| {
+            out.gauge(
+                "weir_query_up",
+                "1 while the query runs (starting or active), 0 once it stopped or failed",
+                &q,
+                f64::from(u8::from(matches!(s.phase, Phase::Starting | Phase::Active))),
+            );
+            out.counter(
+                "weir_batches_committed_total",
+                "Batches committed",
+                &q,
+                s.committed as f64,
+            );
+            out.counter(
+                "weir_batches_failed_total",
+                "Batches that failed (the query stopped with the error)",
+                &q,
+                s.failed as f64,
+            );
+            out.counter(
+                "weir_batches_replayed_total",
+                "Uncommitted batches run again at start, with their recorded id and offsets",
+                &q,
+                s.replayed as f64,
+            );
+            out.help(
+                "weir_input_rows_total",
+                "counter",
+                "Rows read from the source",
+            );
+            for (source, rows) in &s.input_rows {
+                out.sample(
+                    "weir_input_rows_total",
+                    &[("query", &self.name), ("source", source)],
+                    *rows as f64,
+                );
+            }
+            out.help("weir_sink_rows_total", "counter", "Rows a sink wrote");
+            for (sink, f) in &s.sinks {
+                out.sample(
+                    "weir_sink_rows_total",
+                    &[("query", &self.name), ("sink", sink)],
+                    f.rows as f64,
+                );
+            }
+            out.help(
+                "weir_sink_skipped_batches_total",
+                "counter",
+                "Batches a sink found already written (a replay) and skipped",
+            );
+            for (sink, f) in &s.sinks {
+                out.sample(
+                    "weir_sink_skipped_batches_total",
+                    &[("query", &self.name), ("sink", sink)],
+                    f.skipped as f64,
+                );
+            }
+            out.help(
+                "weir_batch_phase_duration_seconds",
+                "histogram",
+                "Time per durationMs phase of a batch",
+            );
+            for (phase, h) in &s.phases {
+                h.render(
+                    out,
+                    "weir_batch_phase_duration_seconds",
+                    &[("query", &self.name), ("phase", phase)],
+                );
+            }
+            out.help(
+                "weir_sink_duration_seconds",
+                "histogram",
+                "Time a sink took per batch",
+            );
+            for (sink, f) in &s.sinks {
+                if f.duration.count() > 0 {
+                    f.duration.render(
+                        out,
+                        "weir_sink_duration_seconds",
+                        &[("query", &self.name), ("sink", sink)],
+                    );
+                }
+            }
+            if let Some(r) = s.add_batch_ratio {
+                out.gauge(
+                    "weir_add_batch_interval_ratio",
+                    "The last batch's addBatch time over the trigger interval",
+                    &q,
+                    r,
+                );
+            }
+            out.gauge(
+                "weir_falling_behind",
+                "1 while addBatch stays above the alert fraction of the trigger interval",
+                &q,
+                f64::from(u8::from(s.behind)),
+            );
+            if let Some((id, at)) = s.last_batch {
+                out.gauge(
+                    "weir_last_committed_batch_id",
+                    "The last committed batch id",
+                    &q,
+                    id as f64,
+                );
+                out.gauge(
+                    "weir_last_commit_timestamp_seconds",
+                    "When the last batch was committed (Unix time)",
+                    &q,
+                    at,
+                );
+            }
+            out.help(
+                "weir_kafka_records_behind",
+                "gauge",
+                "Kafka records after the last committed offset, per partition",
+            );
+            for ((topic, p), lag) in &s.lag {
+                out.sample(
+                    "weir_kafka_records_behind",
+                    &[("query", &self.name), ("topic", topic), ("partition", p)],
+                    *lag as f64,
+                );
+            }
+        }) else {
+            return;
+        };
+    }
+}
+
+impl QueryListener for Monitor {
+    fn on_query_started(&self, e: &QueryStarted) {
+        self.with(|s| {
+            s.phase = Phase::Active;
+            s.query_id = Some(e.id);
+            s.started = Instant::now();
+            s.last_activity = Instant::now();
+            if e.replay {
+                s.replayed += 1;
+            }
+        });
+    }
+
+    fn on_query_progress(&self, p: &StreamingQueryProgress) {
+        let interval_ms = self.interval.as_millis() as f64;
+        self.with(|s| {
+            s.last_activity = Instant::now();
+            s.idle = false;
+            s.committed += 1;
+            s.last_batch = Some((p.batch_id, now_seconds()));
+            for source in &p.sources {
+                *s.input_rows.entry(source.description.clone()).or_default() +=
+                    source.num_input_rows;
+                for (k, lag) in kafka_lag(source.end_offset.as_ref(), source.latest_offset.as_ref())
+                {
+                    s.lag.insert(k, lag);
+                }
+            }
+            for phase in PHASES {
+                if let Some(ms) = p.duration_ms.get(phase) {
+                    s.phases
+                        .entry(phase)
+                        .or_default()
+                        .observe(*ms as f64 / 1000.0);
+                }
+            }
+            for (key, value) in &p.sink.metrics {
+                if key == CACHE_DURATION_KEY {
+                    continue;
+                }
+                let Some((sink, metric)) = SinkMetric::parse_key(key) else {
+                    continue;
+                };
+                let f = s.sinks.entry(sink.to_string()).or_default();
+                match metric {
+                    SinkMetric::Rows => f.rows += value.parse::<u64>().unwrap_or(0),
+                    SinkMetric::Skipped => f.skipped += 1,
+                    SinkMetric::DurationMs => f
+                        .duration
+                        .observe(value.parse::<f64>().unwrap_or(0.0) / 1000.0),
+                    _ => {}
+                }
+            }
+            let add = p.duration("addBatch") as f64;
+            if interval_ms > 0.0 {
+                let r = add / interval_ms;
+                s.add_batch_ratio = Some(r);
+                if r <= s.behind_fraction {
+                    s.behind = false;
+                }
+            }
+            if s.recent.len() == RECENT {
+                s.recent.pop_front();
+            }
+            s.recent.push_back(p.clone());
+        });
+    }
+
+    fn on_query_idle(&self, _e: &QueryIdle) {
+        self.with(|s| {
+            s.last_activity = Instant::now();
+            s.idle = true;
+        });
+    }
+
+    fn on_query_terminated(&self, e: &QueryTerminated) {
+        self.with(|s| match &e.error {
+            Some(err) => {
+                s.phase = Phase::Failed;
+                s.failed += 1;
+                s.last_error = Some(err.clone());
+            }
+            None => s.phase = Phase::Stopped,
+        });
+    }
+
+    fn on_falling_behind(&self, e: &FallingBehind) {
+        self.with(|s| {
+            s.behind = true;
+            s.behind_fraction = e.fraction;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kafka_lag_is_latest_minus_end_per_partition() {
+        let end = serde_json::json!({"t": {"0": 10, "1": 5}});
+        let latest = serde_json::json!({"t": {"0": 12, "1": 5, "2": 3}});
+        let lag = kafka_lag(Some(&end), Some(&latest));
+        assert_eq!(
+            lag,
+            vec![(("t".into(), "0".into()), 2), (("t".into(), "1".into()), 0)]
+        );
+        assert!(
+            kafka_lag(
+                Some(&serde_json::json!({"logOffset": 3})),
+                Some(&serde_json::json!({"logOffset": 4}))
+            )
+            .is_empty()
+        );
+    }
+}
