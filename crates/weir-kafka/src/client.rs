@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use crate::PartitionOffsets;
 
 use crate::error::KafkaSourceError;
 use crate::options::{KafkaOptions, Subscribe};
@@ -36,6 +38,45 @@ pub fn consumer(o: &KafkaOptions) -> Result<BaseConsumer, KafkaSourceError> {
         action: format!("connecting to {}", o.bootstrap_servers),
         source,
     })
+}
+
+/// A client of consumer group `group` that only commits offsets (it never subscribes, so
+/// it never joins the group or takes partitions from its members).
+pub fn group_committer(o: &KafkaOptions, group: &str) -> Result<BaseConsumer, KafkaSourceError> {
+    let mut cfg = ClientConfig::new();
+    for (k, v) in &o.kafka {
+        cfg.set(k, v);
+    }
+    cfg.set("bootstrap.servers", &o.bootstrap_servers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false");
+    cfg.create().map_err(|source| KafkaSourceError::Kafka {
+        action: format!("connecting to {} for group {group}", o.bootstrap_servers),
+        source,
+    })
+}
+
+/// Commits `offsets` (the next offset to read, per partition) to the client's group.
+pub fn commit_offsets(
+    c: &BaseConsumer,
+    group: &str,
+    offsets: &PartitionOffsets,
+) -> Result<(), KafkaSourceError> {
+    let mut tpl = TopicPartitionList::new();
+    for (topic, parts) in offsets {
+        for (p, o) in parts {
+            tpl.add_partition_offset(topic, *p, Offset::Offset(*o))
+                .map_err(|source| KafkaSourceError::Kafka {
+                    action: format!("committing offsets to group {group}"),
+                    source,
+                })?;
+        }
+    }
+    c.commit(&tpl, CommitMode::Sync)
+        .map_err(|source| KafkaSourceError::Kafka {
+            action: format!("committing the batch's end offsets to consumer group {group}"),
+            source,
+        })
 }
 
 /// The partitions of the subscribed topics. A topic or partition whose metadata comes back

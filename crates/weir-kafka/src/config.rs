@@ -32,6 +32,7 @@ pub enum ValueFormatName {
 /// value-format = "json"               # raw (Spark's columns; include-headers = true adds headers)
 /// schema = ["order_id bigint", "updated_at timestamp"]
 /// mode = "FAILFAST"                   # PERMISSIVE | DROPMALFORMED
+/// commit-to-group = "orders-weir"     # also commit each batch's end offsets there (for lag tools)
 /// [source.kafka]                      # librdkafka settings; env:NAME reads a secret
 /// "security.protocol" = "SASL_SSL"
 /// "sasl.password" = "env:KAFKA_PASSWORD"
@@ -66,6 +67,8 @@ pub struct KafkaConfig {
     pub schema: Option<SchemaText>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<BadRecordMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_to_group: Option<String>,
 }
 
 impl KafkaConfig {
@@ -88,6 +91,12 @@ impl KafkaConfig {
             .unwrap_or(StartingOffsets::Earliest);
         o.fail_on_data_loss = self.fail_on_data_loss.unwrap_or(true);
         o.include_headers = self.include_headers;
+        if let Some(g) = &self.commit_to_group {
+            if g.trim().is_empty() {
+                return Err(Error::config("source.commit-to-group", "is empty"));
+            }
+            o.commit_to_group = Some(g.clone());
+        }
         for (k, v) in &self.kafka {
             o.kafka
                 .insert(k.clone(), secret(&format!("source.kafka.{k}"), v)?);

@@ -122,6 +122,10 @@ pub struct KafkaOptions {
     pub include_headers: bool,
     /// How long a read may wait for records it knows exist (default 60 s).
     pub fetch_timeout: Duration,
+    /// After each batch is committed, its end offsets are committed to this consumer group
+    /// too, so that the lag tools people already run can see the query. Never read back:
+    /// the checkpoint stays the truth.
+    pub commit_to_group: Option<String>,
 }
 
 impl KafkaOptions {
@@ -139,6 +143,7 @@ impl KafkaOptions {
             value_format: ValueFormat::Raw,
             include_headers: false,
             fetch_timeout: Duration::from_secs(60),
+            commit_to_group: None,
         }
     }
 }

@@ -13,7 +13,7 @@ use weir_core::source::SourceInit;
 use weir_core::storage::{Location, WriteOutcome};
 use weir_core::{Error, ReadLimit, Result, Source, SourceOffset};
 
-use crate::client::{consumer, partitions, watermarks};
+use crate::client::{self, consumer, partitions, watermarks};
 use crate::error::KafkaSourceError;
 use crate::offsets::{self, check_loss, split_limit, wait_for_more};
 use crate::options::{KafkaOptions, StartingOffsets, Subscribe};
@@ -28,6 +28,8 @@ pub struct KafkaSource {
     behind: Mutex<BTreeMap<String, String>>,
     /// When the last batch was planned (or the source opened), for maxTriggerDelay.
     last_batch: Mutex<Instant>,
+    /// The client that commits end offsets to `commit_to_group`, made at the first commit.
+    committer: Arc<Mutex<Option<Arc<rdkafka::consumer::BaseConsumer>>>>,
     /// For AvailableNow: the latest offsets when the query started.
     available_now: Mutex<Option<BTreeMap<(String, i32), i64>>>,
     /// Where the last planned batch ended, for `reached_available_now`.
@@ -65,6 +67,7 @@ impl KafkaSource {
             behind: Mutex::new(BTreeMap::new()),
             last_batch: Mutex::new(Instant::now()),
             available_now: Mutex::new(None),
+            committer: Arc::new(Mutex::new(None)),
             last_end: Mutex::new(None),
             latest: Mutex::new(None),
         })
@@ -335,6 +338,32 @@ impl Source for KafkaSource {
         let batch = self.blocking(move |o| read::read(o, &begin, &end)).await?;
         ctx.read_batch(batch)
             .map_err(|e| Error::datafusion(format!("{}: holding the batch", self.description()), e))
+    }
+
+    async fn commit(&self, end: &SourceOffset) -> Result<()> {
+        let Some(group) = self.opts.commit_to_group.clone() else {
+            return Ok(());
+        };
+        let offsets = offsets::parse(end.json()).map_err(|e| self.err(e))?;
+        let committer = self.committer.clone();
+        self.blocking(move |o| {
+            let c = {
+                let mut slot = committer.lock().map_err(|_| KafkaSourceError::Invalid {
+                    what: "state".into(),
+                    reason: "poisoned by an earlier panic".into(),
+                })?;
+                match slot.as_ref() {
+                    Some(c) => c.clone(),
+                    None => {
+                        let c = Arc::new(client::group_committer(o, &group)?);
+                        *slot = Some(c.clone());
+                        c
+                    }
+                }
+            };
+            client::commit_offsets(&c, &group, &offsets)
+        })
+        .await
     }
 
     fn metrics(&self) -> BTreeMap<String, String> {

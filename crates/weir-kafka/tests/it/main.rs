@@ -632,3 +632,40 @@ async fn a_topic_is_read_over_tls_and_sasl_ssl() {
         assert_eq!(n, 7, "{settings:?}");
     }
 }
+
+/// With `commit_to_group`, each committed batch's end offsets are committed to the consumer
+/// group, where the lag tools people already run read them.
+#[tokio::test]
+async fn committed_end_offsets_are_committed_to_the_consumer_group() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    topic("grouped", 2).await;
+    produce("grouped", 0, &values(7, "a")).await;
+    produce("grouped", 1, &values(4, "b")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = KafkaOptions::new(&kafka().bootstrap, ["grouped"]);
+    opts.commit_to_group = Some("weir-lag-test".into());
+    run(opts, dir.path(), Some(5), Arc::default())
+        .await
+        .unwrap();
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka().bootstrap)
+        .set("group.id", "weir-lag-test")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition("grouped", 0);
+    tpl.add_partition("grouped", 1);
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    let offsets: Vec<(i32, rdkafka::Offset)> = got
+        .elements()
+        .iter()
+        .map(|e| (e.partition(), e.offset()))
+        .collect();
+    assert_eq!(
+        offsets,
+        vec![
+            (0, rdkafka::Offset::Offset(7)),
+            (1, rdkafka::Offset::Offset(4))
+        ]
+    );
+}
