@@ -1,0 +1,49 @@
+//! How names are written in URLs and journals, and which names readers skip.
+
+/// Every byte of `name` outside `A-Z a-z 0-9 - . _ ~ [ ] ( ) ! $ & ' * + , ; = : @` as `%XX`
+/// (controls, spaces, `%`, `/`, `?`, `#`, non-ASCII included).
+pub fn percent_encode(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~[]()!$&'*+,;=:@".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `%XX` sequences decoded (invalid sequences kept as they are).
+pub fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push(h * 16 + l);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// A name that readers of a folder skip: temp files, `.crc` files, `_` files.
+pub fn is_hidden(name: &str) -> bool {
+    name.starts_with('.') || name.starts_with('_')
+}
