@@ -68,6 +68,8 @@ struct State {
     lag: BTreeMap<(String, String), i64>,
     last_error: Option<String>,
     recent: VecDeque<StreamingQueryProgress>,
+    /// The same reports as JSON, serialized once when they arrive (scrapes only copy).
+    recent_json: VecDeque<String>,
 }
 
 /// See the module docs.
@@ -166,6 +168,7 @@ impl Monitor {
                 lag: BTreeMap::new(),
                 last_error: None,
                 recent: VecDeque::new(),
+                recent_json: VecDeque::new(),
             }),
         }
     }
@@ -183,6 +186,24 @@ impl Monitor {
     pub fn recent(&self) -> Vec<StreamingQueryProgress> {
         self.with(|s| s.recent.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The recent progress reports as a JSON array, oldest first.
+    pub fn recent_json(&self) -> String {
+        self.with(|s| {
+            let mut out =
+                String::with_capacity(s.recent_json.iter().map(|j| j.len() + 1).sum::<usize>() + 2);
+            out.push('[');
+            for (i, j) in s.recent_json.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(j);
+            }
+            out.push(']');
+            out
+        })
+        .unwrap_or_else(|| "[]".into())
     }
 
     /// Ready: active, and a batch ended (or a trigger found nothing new) within
@@ -437,8 +458,10 @@ impl QueryListener for Monitor {
             }
             if s.recent.len() == RECENT {
                 s.recent.pop_front();
+                s.recent_json.pop_front();
             }
             s.recent.push_back(p.clone());
+            s.recent_json.push_back(p.json());
         });
     }
 

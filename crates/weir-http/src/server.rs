@@ -146,7 +146,7 @@ fn respond(req: &Request<Incoming>, monitor: &Monitor) -> Response<Full<Bytes>> 
             };
             reply(code, TEXT, format!("{}\n", s.reason))
         }
-        "/api/progress" => json(&monitor.recent()),
+        "/api/progress" => reply(StatusCode::OK, JSON, monitor.recent_json()),
         "/api/status" => json(&monitor.status()),
         "/" | "/index.html" => reply(StatusCode::OK, "text/html; charset=utf-8", PAGE),
         _ => reply(StatusCode::NOT_FOUND, TEXT, "not found\n"),
