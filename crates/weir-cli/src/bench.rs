@@ -76,7 +76,7 @@ async fn run_to_end(
     Ok((seconds, progress, rows))
 }
 
-fn median(mut v: Vec<u64>) -> u64 {
+pub(crate) fn median(mut v: Vec<u64>) -> u64 {
     v.sort_unstable();
     v.get(v.len() / 2).copied().unwrap_or(0)
 }
@@ -402,15 +402,7 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
         .map(|p| p.duration("triggerExecution"))
         .sum();
     let mut duration_ms = serde_json::Map::new();
-    for key in [
-        "latestOffset",
-        "walCommit",
-        "getBatch",
-        "queryPlanning",
-        "addBatch",
-        "commitOffsets",
-        "triggerExecution",
-    ] {
+    for key in weir_core::engine::DURATION_PHASES {
         let v = median(progress.iter().map(|p| p.duration(key)).collect());
         duration_ms.insert(key.into(), v.into());
     }

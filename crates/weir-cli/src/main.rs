@@ -227,7 +227,7 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         let first = signals.next().await;
         eprintln!(
             "{first}: stopping after the current batch (at most {}; a second signal stops now)",
-            humantime(grace)
+            weir_core::connector::DurationText(grace)
         );
         let stopping = stop.clone();
         tokio::spawn(async move {
@@ -235,7 +235,7 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         });
         let why = tokio::select! {
             second = signals.next() => format!("{second} again"),
-            () = tokio::time::sleep(grace) => format!("the batch did not finish within {}", humantime(grace)),
+            () = tokio::time::sleep(grace) => format!("the batch did not finish within {}", weir_core::connector::DurationText(grace)),
         };
         eprintln!(
             "{why}: stopping now; the batch in progress is not committed and runs again, with \
@@ -245,14 +245,6 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     });
     query.await_termination().await?;
     Ok(())
-}
-
-fn humantime(d: std::time::Duration) -> String {
-    if d.subsec_millis() != 0 || d.as_secs() == 0 {
-        format!("{}ms", d.as_millis())
-    } else {
-        format!("{}s", d.as_secs())
-    }
 }
 
 /// SIGTERM and SIGINT (Ctrl-C), as one stream.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use serde_json::Value;
+use weir_core::engine::DURATION_PHASES;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SoakArgs {
@@ -44,37 +45,10 @@ pub struct Sample {
     pub median_ms: serde_json::Map<String, Value>,
 }
 
-const PHASES: [&str; 6] = [
-    "triggerExecution",
-    "latestOffset",
-    "getBatch",
-    "addBatch",
-    "walCommit",
-    "commitOffsets",
-];
-
 /// Resident memory (MB) and CPU time (s) of process `pid`.
 fn usage(pid: u32) -> Option<(f64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    // USER_HZ is 100 on Linux.
-    Some((kb / 1024.0, ticks / 100.0))
-}
-
-fn median(mut v: Vec<u64>) -> u64 {
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
+    let p = weir_http::process_stats(&pid.to_string())?;
+    Some((p.resident_bytes / 1024.0 / 1024.0, p.cpu_seconds))
 }
 
 fn round1(x: f64) -> f64 {
@@ -112,7 +86,7 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     if !args.json {
         println!(
             "| batches | seconds | RSS MB | CPU s | batches/s | median ms: {} |",
-            PHASES.join(" / ")
+            DURATION_PHASES.join(" / ")
         );
         println!("|---|---|---|---|---|---|");
     }
@@ -142,8 +116,8 @@ pub async fn run(args: SoakArgs) -> Result<()> {
                 let (rss, cpu) = usage(pid).unwrap_or_default();
                 let now = Instant::now();
                 let mut median_ms = serde_json::Map::new();
-                for p in PHASES {
-                    let m = median(
+                for p in DURATION_PHASES {
+                    let m = crate::bench::median(
                         window
                             .iter()
                             .map(|v| v["durationMs"][p].as_u64().unwrap_or(0))
@@ -165,8 +139,10 @@ pub async fn run(args: SoakArgs) -> Result<()> {
                 if args.json {
                     println!("{}", serde_json::to_string(&s)?);
                 } else {
-                    let ms: Vec<String> =
-                        PHASES.iter().map(|p| s.median_ms[*p].to_string()).collect();
+                    let ms: Vec<String> = DURATION_PHASES
+                        .iter()
+                        .map(|p| s.median_ms[*p].to_string())
+                        .collect();
                     println!(
                         "| {} | {} | {} | {} | {} | {} |",
                         s.batches,

@@ -136,6 +136,26 @@ fn label(kind: &str, env: &BuildEnv, path: &str) -> String {
     }
 }
 
+/// The app id a Delta sink writes with: the explicit one, or the query's default.
+fn app_id(explicit: Option<&str>, query: &QueryIdentity) -> String {
+    explicit.map_or_else(|| query.default_app_id(), str::to_string)
+}
+
+/// The reader that checks a Delta sink's table (one version per batch unless OPTIMIZE adds
+/// its own).
+fn reader(
+    env: &BuildEnv,
+    path: &str,
+    app_id: &Option<String>,
+    optimize_every: Option<u64>,
+) -> Result<Option<Box<dyn SinkVerifier>>> {
+    Ok(Some(Box::new(DeltaReader {
+        at: env.location("sink.path", path)?,
+        app_id: app_id.clone(),
+        strict_versions: optimize_every.is_none(),
+    })))
+}
+
 impl SinkSpec for DeltaAppendConfig {
     fn kind(&self) -> &'static str {
         "delta-append"
@@ -158,11 +178,7 @@ impl SinkSpec for DeltaAppendConfig {
     }
 
     fn app_id(&self, query: &QueryIdentity) -> Option<String> {
-        Some(
-            self.app_id
-                .clone()
-                .unwrap_or_else(|| query.default_app_id()),
-        )
+        Some(app_id(self.app_id.as_deref(), query))
     }
 
     fn relocate(&mut self, to: &Relocation) -> Result<()> {
@@ -175,11 +191,7 @@ impl SinkSpec for DeltaAppendConfig {
     }
 
     fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>> {
-        Ok(Some(Box::new(DeltaReader {
-            at: env.location("sink.path", &self.path)?,
-            app_id: self.app_id.clone(),
-            strict_versions: self.optimize_every.is_none(),
-        })))
+        reader(env, &self.path, &self.app_id, self.optimize_every)
     }
 }
 
@@ -208,11 +220,7 @@ impl SinkSpec for DeltaMergeConfig {
     }
 
     fn app_id(&self, query: &QueryIdentity) -> Option<String> {
-        Some(
-            self.app_id
-                .clone()
-                .unwrap_or_else(|| query.default_app_id()),
-        )
+        Some(app_id(self.app_id.as_deref(), query))
     }
 
     fn relocate(&mut self, to: &Relocation) -> Result<()> {
@@ -225,11 +233,7 @@ impl SinkSpec for DeltaMergeConfig {
     }
 
     fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>> {
-        Ok(Some(Box::new(DeltaReader {
-            at: env.location("sink.path", &self.path)?,
-            app_id: self.app_id.clone(),
-            strict_versions: self.optimize_every.is_none(),
-        })))
+        reader(env, &self.path, &self.app_id, self.optimize_every)
     }
 }
 

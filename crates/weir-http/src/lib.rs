@@ -29,5 +29,6 @@ mod process;
 mod server;
 
 pub use error::HttpError;
-pub use monitor::{Monitor, PHASES, Phase, RECENT, Status};
+pub use monitor::{Monitor, Phase, RECENT, Status};
+pub use process::{ProcessStats, process_stats};
 pub use server::{Endpoint, metrics_text, serve};

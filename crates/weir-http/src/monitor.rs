@@ -10,7 +10,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use weir_core::engine::{
-    FallingBehind, QueryIdle, QueryListener, QueryStarted, QueryTerminated, StreamingQueryProgress,
+    DURATION_PHASES, FallingBehind, QueryIdle, QueryListener, QueryStarted, QueryTerminated,
+    StreamingQueryProgress,
 };
 use weir_core::sink::{CACHE_DURATION_KEY, SinkMetric};
 
@@ -18,17 +19,6 @@ use crate::histogram::Histogram;
 
 /// How many progress reports `/api/progress` and the page keep.
 pub const RECENT: usize = 300;
-
-/// The `durationMs` phases, in the order a batch passes them.
-pub const PHASES: [&str; 7] = [
-    "latestOffset",
-    "walCommit",
-    "getBatch",
-    "queryPlanning",
-    "addBatch",
-    "commitOffsets",
-    "triggerExecution",
-];
 
 /// Where the query is.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -67,8 +57,7 @@ struct State {
     behind_fraction: f64,
     lag: BTreeMap<(String, String), i64>,
     last_error: Option<String>,
-    recent: VecDeque<StreamingQueryProgress>,
-    /// The same reports as JSON, serialized once when they arrive (scrapes only copy).
+    /// The recent reports as JSON, serialized once when they arrive (scrapes only copy).
     recent_json: VecDeque<String>,
 }
 
@@ -167,7 +156,6 @@ impl Monitor {
                 behind_fraction: 0.7,
                 lag: BTreeMap::new(),
                 last_error: None,
-                recent: VecDeque::new(),
                 recent_json: VecDeque::new(),
             }),
         }
@@ -180,12 +168,6 @@ impl Monitor {
 
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
         self.state.lock().ok().map(|mut s| f(&mut s))
-    }
-
-    /// The recent progress reports, oldest first.
-    pub fn recent(&self) -> Vec<StreamingQueryProgress> {
-        self.with(|s| s.recent.iter().cloned().collect())
-            .unwrap_or_default()
     }
 
     /// The recent progress reports as a JSON array, oldest first.
@@ -266,7 +248,8 @@ impl Monitor {
     /// The metrics in Prometheus' text format (without the `process_` ones).
     pub fn render(&self, out: &mut crate::expo::Exposition) {
         let q = [("query", self.name.as_str())];
-        let Some(()) = self.with(|s| {
+        // A poisoned state renders nothing of the query's.
+        let _ = self.with(|s| {
             out.gauge(
                 "weir_query_up",
                 "1 while the query runs (starting or active), 0 once it stopped or failed",
@@ -389,9 +372,7 @@ impl Monitor {
                     *lag as f64,
                 );
             }
-        }) else {
-            return;
-        };
+        });
     }
 }
 
@@ -423,7 +404,7 @@ impl QueryListener for Monitor {
                     s.lag.insert(k, lag);
                 }
             }
-            for phase in PHASES {
+            for phase in DURATION_PHASES {
                 if let Some(ms) = p.duration_ms.get(phase) {
                     s.phases
                         .entry(phase)
@@ -456,11 +437,9 @@ impl QueryListener for Monitor {
                     s.behind = false;
                 }
             }
-            if s.recent.len() == RECENT {
-                s.recent.pop_front();
+            if s.recent_json.len() == RECENT {
                 s.recent_json.pop_front();
             }
-            s.recent.push_back(p.clone());
             s.recent_json.push_back(p.json());
         });
     }

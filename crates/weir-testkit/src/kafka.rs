@@ -4,11 +4,11 @@
 //! installs it (`pip install --no-deps --only-binary=:all: --target /opt/noida noida-db==0.2.3`).
 //! `KAFKA_BOOTSTRAP` points the tests at a broker of your own instead.
 
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+
+use crate::service;
 
 /// A running broker.
 #[derive(Debug, Clone)]
@@ -26,33 +26,21 @@ pub fn kafka() -> &'static KafkaBroker {
     })
 }
 
-fn binary() -> PathBuf {
-    let p = std::env::var("NOIDA_DB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from("/opt/noida/noida_db/noida-db"));
-    if !p.exists() {
-        panic!(
-            "no Kafka-protocol broker at {}: run `python3 -m pip install --no-deps --only-binary=:all: \
-             --target /opt/noida noida-db==0.2.3` (.ci/run does), or set NOIDA_DB or KAFKA_BOOTSTRAP",
-            p.display()
-        );
-    }
-    p
+/// The broker binary (`$NOIDA_DB` or where `.ci/run` installs it).
+pub(crate) fn binary() -> PathBuf {
+    service::binary(
+        "NOIDA_DB",
+        "/opt/noida/noida_db/noida-db",
+        "run `python3 -m pip install --no-deps --only-binary=:all: --target /opt/noida \
+         noida-db==0.2.3`",
+    )
 }
 
 fn start() -> KafkaBroker {
-    let bin = binary();
     let dir = crate::temp_dir().keep();
-    let port = match TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
-        Ok(a) => a.port(),
-        Err(e) => panic!("no free port: {e}"),
-    };
-    let log = match std::fs::File::create(dir.join("broker.log")) {
-        Ok(f) => f,
-        Err(e) => panic!("broker log: {e}"),
-    };
-    let child = Command::new(&bin)
-        .args(["start", "--data-dir"])
+    let port = service::free_port();
+    let mut cmd = Command::new(binary());
+    cmd.args(["start", "--data-dir"])
         .arg(dir.join("data"))
         .args([
             "--host",
@@ -61,39 +49,8 @@ fn start() -> KafkaBroker {
             "kafka",
             "--kafka-port",
             &port.to_string(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(
-            log.try_clone()
-                .unwrap_or_else(|e| panic!("broker log: {e}")),
-        )
-        .stderr(log)
-        .spawn();
-    let child = match child {
-        Ok(c) => c,
-        Err(e) => panic!("starting {}: {e}", bin.display()),
-    };
-    let watchdog = format!(
-        "while [ -d /proc/{me} ]; do sleep 1; done; kill -TERM {broker} 2>/dev/null",
-        me = std::process::id(),
-        broker = child.id()
-    );
-    let _ = Command::new("sh")
-        .args(["-c", &watchdog])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            panic!(
-                "the broker did not open port {port}; see {}",
-                dir.join("broker.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        ]);
+    service::start(cmd, "broker", &dir, port);
     KafkaBroker {
         bootstrap: format!("127.0.0.1:{port}"),
     }

@@ -39,11 +39,7 @@ fn run(cmd: &mut Command, what: &str) {
 }
 
 fn start() -> TlsBroker {
-    let noida = crate::service::binary(
-        "NOIDA_DB",
-        "/opt/noida/noida_db/noida-db",
-        "python3 -m pip install --no-deps --only-binary=:all: --target /opt/noida noida-db==0.2.3",
-    );
+    let noida = crate::kafka::binary();
     let dir = crate::temp_dir().keep();
     let port = crate::service::free_port();
     let ns = format!("weir-kafka-{}-{port}", std::process::id());

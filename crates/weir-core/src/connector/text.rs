@@ -29,14 +29,21 @@ impl<'de> Deserialize<'de> for DurationText {
     }
 }
 
-impl Serialize for DurationText {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+impl fmt::Display for DurationText {
+    /// `30s`, or `250ms` when not whole seconds: what the parser reads back.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
         if ms.is_multiple_of(1000) {
-            s.serialize_str(&format!("{}s", ms / 1000))
+            write!(f, "{}s", ms / 1000)
         } else {
-            s.serialize_str(&format!("{ms}ms"))
+            write!(f, "{ms}ms")
         }
+    }
+}
+
+impl Serialize for DurationText {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 

@@ -6,8 +6,8 @@ mod runner;
 pub mod trigger;
 
 pub use progress::{
-    BehindDetector, FallingBehind, QueryIdle, QueryListener, QueryStarted, QueryTerminated,
-    SinkProgress, SourceProgress, StreamingQueryProgress,
+    BehindDetector, DURATION_PHASES, FallingBehind, QueryIdle, QueryListener, QueryStarted,
+    QueryTerminated, SinkProgress, SourceProgress, StreamingQueryProgress,
 };
 pub(crate) use query::Shared;
 pub use query::StreamingQuery;

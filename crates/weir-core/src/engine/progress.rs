@@ -47,6 +47,17 @@ impl StreamingQueryProgress {
     }
 }
 
+/// The `durationMs` entries of a report, in the order a batch passes them (Spark's names).
+pub const DURATION_PHASES: [&str; 7] = [
+    "latestOffset",
+    "walCommit",
+    "getBatch",
+    "queryPlanning",
+    "addBatch",
+    "commitOffsets",
+    "triggerExecution",
+];
+
 /// A source's part of a progress report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -75,13 +75,7 @@ pub fn order_columns(columns: &[String], keys: &[String], ordering: &str) -> Vec
 /// row. A replay keeps the same row.
 pub fn dedupe_latest(df: DataFrame, keys: &[String], ordering: &str) -> Result<DataFrame> {
     let ctx = || format!("dedupe latest per ({}) by {ordering}", keys.join(", "));
-    let names: Vec<String> = df
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
-    check_columns(&names, keys, ordering, &ctx())?;
+    let names = checked_columns(&df, keys, ordering, &ctx())?;
     let order: Vec<SortExpr> = order_columns(&names, keys, ordering)
         .iter()
         .map(|n| col(quote(n)).sort(false, false))
@@ -98,6 +92,23 @@ pub fn dedupe_latest(df: DataFrame, keys: &[String], ordering: &str) -> Result<D
         .and_then(|d| d.filter(col(RN).eq(lit(1u64))))
         .and_then(|d| d.drop_columns(&[RN]))
         .map_err(|e| Error::datafusion(ctx(), e))
+}
+
+/// The frame's column names, once the keys and the ordering column are found among them.
+fn checked_columns(
+    df: &DataFrame,
+    keys: &[String],
+    ordering: &str,
+    what: &str,
+) -> Result<Vec<String>> {
+    let names: Vec<String> = df
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    check_columns(&names, keys, ordering, what)?;
+    Ok(names)
 }
 
 fn check_columns(names: &[String], keys: &[String], ordering: &str, what: &str) -> Result<()> {
@@ -133,13 +144,7 @@ pub async fn apply_null_rules(
     batch_id: u64,
 ) -> Result<(DataFrame, u64)> {
     let what = || format!("{sink}: batch {batch_id}: looking for NULL keys");
-    let names: Vec<String> = df
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
-    check_columns(&names, keys, ordering, sink)?;
+    let names = checked_columns(&df, keys, ordering, sink)?;
     let session = SessionContext::new();
     let schema = df.schema().inner().clone();
     let batches = df

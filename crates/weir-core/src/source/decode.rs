@@ -201,13 +201,7 @@ pub fn json_each(
             },
         }
     }
-    let batch = concat_batches(&parse, &parts).map_err(|e| Malformed {
-        index: 0,
-        reason: e.to_string(),
-    })?;
-    let batch = with_corrupt(batch, schema, mode, Some(corrupt))
-        .map_err(|reason| Malformed { index: 0, reason })?;
-    Ok(Decoded { batch, malformed })
+    finish(&parse, &parts, schema, mode, corrupt, malformed)
 }
 
 /// One row of nulls.
@@ -295,13 +289,7 @@ pub fn csv(
             },
         }
     }
-    let batch = concat_batches(&parse, &parts).map_err(|e| Malformed {
-        index: 0,
-        reason: e.to_string(),
-    })?;
-    let batch = with_corrupt(batch, schema, mode, Some(corrupt))
-        .map_err(|reason| Malformed { index: 0, reason })?;
-    Ok(Decoded { batch, malformed })
+    finish(&parse, &parts, schema, mode, corrupt, malformed)
 }
 
 /// The records of CSV text as (line the record starts on, its bytes), quoted fields that
@@ -327,6 +315,24 @@ fn csv_records(text: &[u8], delimiter: u8) -> Vec<(u64, &[u8])> {
         out.push((*line, &text[(*start).min(end)..end.min(text.len())]));
     }
     out
+}
+
+/// The decoded parts as one batch in the output schema, with `_corrupt_record` when kept.
+fn finish(
+    parse: &SchemaRef,
+    parts: &[RecordBatch],
+    schema: &SchemaRef,
+    mode: BadRecordMode,
+    corrupt: Vec<Option<String>>,
+    malformed: u64,
+) -> Result<Decoded, Malformed> {
+    let batch = concat_batches(parse, parts).map_err(|e| Malformed {
+        index: 0,
+        reason: e.to_string(),
+    })?;
+    let batch = with_corrupt(batch, schema, mode, Some(corrupt))
+        .map_err(|reason| Malformed { index: 0, reason })?;
+    Ok(Decoded { batch, malformed })
 }
 
 /// Text without a UTF-8 byte order mark.

@@ -30,21 +30,7 @@ async fn topic(name: &str, partitions: i32) {
 }
 
 async fn produce(topic: &str, partition: i32, values: &[String]) {
-    let p: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &kafka().bootstrap)
-        .create()
-        .unwrap();
-    for v in values {
-        p.send(
-            FutureRecord::<(), _>::to(topic)
-                .partition(partition)
-                .payload(v),
-            Duration::from_secs(10),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .unwrap();
-    }
+    produce_with(topic, partition, values, &[]).await;
 }
 
 type Batches = Arc<Mutex<Vec<(u64, Vec<(i32, i64)>)>>>;
