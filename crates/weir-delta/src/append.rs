@@ -13,6 +13,7 @@ use weir_core::datafusion::prelude::DataFrame;
 use weir_core::storage::Location;
 use weir_core::{BatchContext, BoxError, ForeachBatch, fault};
 
+use crate::compact::{Compaction, batch_bytes};
 use crate::error::DeltaSinkError;
 use crate::table::{Cached, note_version, prepare};
 use crate::{POINT_AFTER_COMMIT, POINT_BEFORE_COMMIT};
@@ -33,7 +34,7 @@ pub struct DeltaAppend {
     allow_app_id_reuse: bool,
     partition_by: Vec<String>,
     target_file_size: Option<NonZeroU64>,
-    optimize_every: Option<u64>,
+    compaction: Compaction,
     table: Arc<Cached>,
 }
 
@@ -46,7 +47,7 @@ impl DeltaAppend {
             allow_app_id_reuse: false,
             partition_by: Vec::new(),
             target_file_size: None,
-            optimize_every: None,
+            compaction: Compaction::default(),
             table: Arc::new(Cached::new()),
         }
     }
@@ -77,9 +78,10 @@ impl DeltaAppend {
         self
     }
 
-    /// Rewrites small files into larger ones (OPTIMIZE) after every `n` batches.
+    /// Rewrites small files into larger ones (OPTIMIZE) after every `n` batches; `0` turns
+    /// compaction off. Default: after every 100 small batches (see [`crate::compact`]).
     pub fn optimize_every(mut self, n: u64) -> Self {
-        self.optimize_every = (n > 0).then_some(n);
+        self.compaction = Compaction::every(n);
         self
     }
 
@@ -125,6 +127,7 @@ impl DeltaAppend {
             // An empty batch still records its transaction, so the replay is provably done.
             batches.push(RecordBatch::new_empty(schema));
         }
+        let bytes = batch_bytes(&batches);
         let table = write_with_txn(
             table,
             batches,
@@ -137,7 +140,10 @@ impl DeltaAppend {
         .await?;
         ctx.metrics.add_output_rows(rows as u64);
         note_version(ctx, &sink, &table);
-        let table = maybe_optimize(table, self.optimize_every, &self.at, id).await?;
+        let table = self
+            .compaction
+            .after_commit(table, bytes, &self.at, id)
+            .await?;
         self.table.put(table).await;
         Ok(())
     }
@@ -178,36 +184,6 @@ pub(crate) async fn write_with_txn(
         source,
     })?;
     fault::hit(POINT_AFTER_COMMIT, batch_id).map_err(engine)?;
-    Ok(table)
-}
-
-/// Runs OPTIMIZE after every `every` batches. Compaction rewrites files without changing
-/// rows, so it needs no transaction of its own; a failure fails the batch like any write.
-pub(crate) async fn maybe_optimize(
-    table: DeltaTable,
-    every: Option<u64>,
-    at: &Location,
-    batch_id: u64,
-) -> Result<DeltaTable, DeltaSinkError> {
-    let Some(n) = every else { return Ok(table) };
-    if !(batch_id + 1).is_multiple_of(n) {
-        return Ok(table);
-    }
-    let (table, metrics) = table
-        .optimize()
-        .await
-        .map_err(|source| DeltaSinkError::Delta {
-            table: at.to_string(),
-            batch_id,
-            action: "compacting small files (optimize)",
-            source,
-        })?;
-    tracing::info!(
-        table = %at,
-        "optimize after batch {batch_id}: {} files removed, {} added",
-        metrics.num_files_removed,
-        metrics.num_files_added
-    );
     Ok(table)
 }
 

@@ -27,6 +27,7 @@
 #![allow(clippy::result_large_err)]
 
 mod append;
+pub mod compact;
 mod config;
 mod error;
 mod merge;
@@ -37,7 +38,7 @@ pub use append::DeltaAppend;
 pub use config::{DeltaAppendConfig, DeltaMergeConfig, DeltaReader};
 pub use error::DeltaSinkError;
 pub use merge::DeltaMerge;
-pub use table::{decide_write, open, read_table, recorded_version, table_version};
+pub use table::{data_commits, decide_write, open, read_table, recorded_version, table_version};
 
 /// delta-rs, re-exported for reading tables in tests and tools.
 pub use deltalake;

@@ -17,7 +17,8 @@ use weir_core::{
     BatchContext, BoxError, ForeachBatch, NullKeys, NullOrdering, SinkMetric, dedupe_latest, fault,
 };
 
-use crate::append::{maybe_optimize, write_with_txn};
+use crate::append::write_with_txn;
+use crate::compact::{Compaction, batch_bytes};
 use crate::error::DeltaSinkError;
 use crate::table::{Cached, note_version, prepare};
 use crate::{POINT_AFTER_COMMIT, POINT_BEFORE_COMMIT};
@@ -51,7 +52,7 @@ pub struct DeltaMerge {
     update_condition: Option<String>,
     prune_by: Option<String>,
     partition_by: Vec<String>,
-    optimize_every: Option<u64>,
+    compaction: Compaction,
     null_keys: NullKeys,
     null_ordering: NullOrdering,
     table: Arc<Cached>,
@@ -74,7 +75,7 @@ impl DeltaMerge {
             update_condition: None,
             prune_by: None,
             partition_by: Vec::new(),
-            optimize_every: None,
+            compaction: Compaction::default(),
             null_keys: NullKeys::Error,
             null_ordering: NullOrdering::Error,
             table: Arc::new(Cached::new()),
@@ -119,9 +120,10 @@ impl DeltaMerge {
         self
     }
 
-    /// OPTIMIZE after every `n` batches.
+    /// OPTIMIZE after every `n` batches; `0` turns compaction off. Default: after every
+    /// 100 small batches (see [`crate::compact`]).
     pub fn optimize_every(mut self, n: u64) -> Self {
-        self.optimize_every = (n > 0).then_some(n);
+        self.compaction = Compaction::every(n);
         self
     }
 
@@ -237,6 +239,7 @@ impl DeltaMerge {
             .map_err(self.df_err(id, "computing the batch"))?;
         batches.retain(|b| b.num_rows() > 0);
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        let bytes = batch_bytes(&batches);
         let app_id = prepared.app_id;
         let before = table.version();
         let commit = |table, batches: Vec<RecordBatch>| {
@@ -346,7 +349,10 @@ impl DeltaMerge {
         };
         ctx.metrics.add_output_rows(rows as u64);
         note_version(ctx, &sink, &table);
-        let table = maybe_optimize(table, self.optimize_every, &self.at, id).await?;
+        let table = self
+            .compaction
+            .after_commit(table, bytes, &self.at, id)
+            .await?;
         self.table.put(table).await;
         Ok(())
     }

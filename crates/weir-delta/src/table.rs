@@ -2,8 +2,10 @@
 //! reading rows back.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use deltalake::{DeltaTable, DeltaTableBuilder};
+use futures::TryStreamExt;
 use tokio::sync::Mutex;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
 use weir_core::storage::Location;
@@ -83,6 +85,31 @@ pub async fn table_version(at: &Location) -> Result<Option<u64>, DeltaSinkError>
     Ok(open(at, 0).await?.version())
 }
 
+/// How many of the table's commits are not compactions (OPTIMIZE): with one commit per
+/// batch, the number of batches written (`None` when there is no table yet).
+pub async fn data_commits(at: &Location) -> Result<Option<u64>, DeltaSinkError> {
+    let table = open(at, 0).await?;
+    if table.version().is_none() {
+        return Ok(None);
+    }
+    let infos: Vec<_> =
+        table
+            .history(None)
+            .try_collect()
+            .await
+            .map_err(|source| DeltaSinkError::Delta {
+                table: at.to_string(),
+                batch_id: 0,
+                action: "reading the table's history",
+                source,
+            })?;
+    let optimize = infos
+        .iter()
+        .filter(|c| c.operation.as_deref() == Some("OPTIMIZE"))
+        .count();
+    Ok(Some((infos.len() - optimize) as u64))
+}
+
 /// The table's current rows as a DataFrame on `ctx`.
 pub async fn read_table(ctx: &SessionContext, at: &Location) -> Result<DataFrame, DeltaSinkError> {
     let table = open(at, 0).await?;
@@ -110,17 +137,31 @@ pub async fn read_table(ctx: &SessionContext, at: &Location) -> Result<DataFrame
         })
 }
 
+/// After this many versions past the last full load, a cached table is loaded afresh.
+///
+/// delta-rs brings a table up to date by appending the new commits to the log segment it
+/// loaded, and never adopts the checkpoints written since: every lookup of the application
+/// transaction and every snapshot update then replays all commits since the load (one JSON
+/// file per batch, so per-batch cost grew with the batch count). A fresh load starts from
+/// the newest checkpoint (delta-rs writes one every 100 versions by default), so the replayed
+/// segment stays under about twice this many commits.
+pub(crate) const RELOAD_EVERY_VERSIONS: u64 = 100;
+
 /// A sink's table, kept open between batches: each batch catches up on new commits
-/// (others' included) instead of loading the table from scratch.
+/// (others' included) instead of loading the table from scratch, and loads it afresh every
+/// [`RELOAD_EVERY_VERSIONS`] versions.
 #[derive(Debug)]
 pub(crate) struct Cached {
     table: Mutex<Option<DeltaTable>>,
+    /// The version the table was last fully loaded at.
+    loaded_at: AtomicU64,
 }
 
 impl Cached {
     pub fn new() -> Self {
         Cached {
             table: Mutex::new(None),
+            loaded_at: AtomicU64::new(0),
         }
     }
 
@@ -128,25 +169,40 @@ impl Cached {
     /// successful write; after a failure it is simply dropped and reopened next time.
     pub async fn take(&self, at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkError> {
         let cached = self.table.lock().await.take();
-        match cached {
-            Some(mut t) if t.version().is_some() => {
-                t.update_incremental(None)
-                    .await
-                    .map_err(|source| DeltaSinkError::Delta {
-                        table: at.to_string(),
-                        batch_id,
-                        action: "reading new commits of the table",
-                        source,
-                    })?;
-                Ok(t)
-            }
-            _ => open(at, batch_id).await,
+        let mut t = match cached {
+            Some(t) if t.version().is_some() => t,
+            _ => return self.load(at, batch_id).await,
+        };
+        t.update_incremental(None)
+            .await
+            .map_err(|source| DeltaSinkError::Delta {
+                table: at.to_string(),
+                batch_id,
+                action: "reading new commits of the table",
+                source,
+            })?;
+        if needs_reload(self.loaded_at.load(Ordering::Relaxed), t.version()) {
+            drop(t);
+            return self.load(at, batch_id).await;
         }
+        Ok(t)
+    }
+
+    async fn load(&self, at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkError> {
+        let t = open(at, batch_id).await?;
+        self.loaded_at
+            .store(t.version().unwrap_or(0), Ordering::Relaxed);
+        Ok(t)
     }
 
     pub async fn put(&self, table: DeltaTable) {
         *self.table.lock().await = Some(table);
     }
+}
+
+/// Whether a table loaded at `loaded_at` and now at `now` should be loaded afresh.
+pub(crate) fn needs_reload(loaded_at: u64, now: Option<u64>) -> bool {
+    now.is_some_and(|v| v.saturating_sub(loaded_at) >= RELOAD_EVERY_VERSIONS)
 }
 
 /// The table, when batch `batch_id` still has to be written to it (`None`: skipped, the
@@ -236,7 +292,16 @@ pub(crate) fn note_version(ctx: &BatchContext, sink: &str, table: &DeltaTable) {
 
 #[cfg(test)]
 mod tests {
-    use super::decide_write;
+    use super::{RELOAD_EVERY_VERSIONS, decide_write, needs_reload};
+
+    #[test]
+    fn a_cached_table_is_loaded_afresh_once_it_is_a_checkpoint_interval_past_its_load() {
+        assert!(!needs_reload(0, None));
+        assert!(!needs_reload(0, Some(RELOAD_EVERY_VERSIONS - 1)));
+        assert!(needs_reload(0, Some(RELOAD_EVERY_VERSIONS)));
+        assert!(!needs_reload(250, Some(250 + RELOAD_EVERY_VERSIONS - 1)));
+        assert!(needs_reload(250, Some(250 + RELOAD_EVERY_VERSIONS)));
+    }
 
     #[test]
     fn a_recorded_version_is_a_skip_only_for_a_replay_of_that_batch() {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::StreamExt;
 use futures::stream::BoxStream;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
@@ -58,13 +59,106 @@ impl DurableLocalStore {
     }
 }
 
+fn generic(e: Box<dyn std::error::Error + Send + Sync>) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "DurableLocalStore",
+        source: e,
+    }
+}
+
+/// The files under `root` (object path `root_path`) whose paths sort after `offset`, with
+/// their metadata; folders are walked whatever their name, as `LocalFileSystem` does.
+fn list_after(
+    root: &std::path::Path,
+    root_path: &Path,
+    offset: &Path,
+) -> object_store::Result<Vec<ObjectMeta>> {
+    let mut out = Vec::new();
+    let mut folders = vec![(root.to_path_buf(), root_path.clone())];
+    while let Some((dir, dir_path)) = folders.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(generic(format!("listing {}: {e}", dir.display()).into())),
+        };
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| generic(format!("listing {}: {e}", dir.display()).into()))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                return Err(generic(
+                    format!(
+                        "listing {}: a name that is not UTF-8: {name:?}",
+                        dir.display()
+                    )
+                    .into(),
+                ));
+            };
+            // As `LocalFileSystem` names it: the raw name, not percent-encoded.
+            let raw = if dir_path.as_ref().is_empty() {
+                name.to_string()
+            } else {
+                format!("{dir_path}/{name}")
+            };
+            let location = Path::parse(&raw)
+                .map_err(|e| generic(format!("listing {}: {e}", dir.display()).into()))?;
+            let mut kind = entry
+                .file_type()
+                .map_err(|e| generic(format!("reading {}: {e}", entry.path().display()).into()))?;
+            if kind.is_symlink() {
+                match std::fs::metadata(entry.path()) {
+                    Ok(m) => kind = m.file_type(),
+                    // A dangling link lists as nothing, as in `LocalFileSystem`.
+                    Err(_) => continue,
+                }
+            }
+            if kind.is_dir() {
+                folders.push((entry.path(), location));
+                continue;
+            }
+            if location <= *offset || !kind.is_file() || is_upload_part(name) {
+                continue;
+            }
+            let meta = match std::fs::metadata(entry.path()) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Err(generic(
+                        format!("reading {}: {e}", entry.path().display()).into(),
+                    ));
+                }
+            };
+            out.push(object_meta(location, &meta));
+        }
+    }
+    Ok(out)
+}
+
+/// `name#N`: a multipart upload's part in progress, which `LocalFileSystem` does not list.
+fn is_upload_part(name: &str) -> bool {
+    matches!(name.split_once('#'), Some((_, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The metadata `LocalFileSystem` reports for a file (the same e-tag scheme).
+fn object_meta(location: Path, meta: &std::fs::Metadata) -> ObjectMeta {
+    use std::os::unix::fs::MetadataExt;
+    let modified = meta.modified().unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+    let micros = modified
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    ObjectMeta {
+        location,
+        last_modified: modified.into(),
+        size: meta.len(),
+        e_tag: Some(format!("{:x}-{micros:x}-{:x}", meta.ino(), meta.len())),
+        version: None,
+    }
+}
+
 async fn sync_path(path: PathBuf) -> object_store::Result<()> {
     let shown = path.display().to_string();
     let r = tokio::task::spawn_blocking(move || super::local::make_durable(&path)).await;
-    let generic = |e: Box<dyn std::error::Error + Send + Sync>| object_store::Error::Generic {
-        store: "DurableLocalStore",
-        source: e,
-    };
     match r {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(generic(Box::new(e))),
@@ -155,12 +249,35 @@ impl ObjectStore for DurableLocalStore {
         self.inner.list(prefix)
     }
 
+    /// Lists the entries after `offset` with one `stat` per entry listed, not per entry in
+    /// the folder: `LocalFileSystem` walks with symlink following, which stats every entry,
+    /// and delta-rs lists `_delta_log` from the table's version on every batch, so a folder
+    /// holding one commit file per batch made each batch slower than the last.
     fn list_with_offset(
         &self,
         prefix: Option<&Path>,
         offset: &Path,
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list_with_offset(prefix, offset)
+        let (root, root_path) = match prefix {
+            Some(p) => match self.fs_path(p) {
+                Ok(fs) => (fs, p.clone()),
+                Err(e) => return futures::stream::once(async move { Err(e) }).boxed(),
+            },
+            None => (PathBuf::from("/"), Path::default()),
+        };
+        let offset = offset.clone();
+        let shown = offset.to_string();
+        futures::stream::once(async move {
+            tokio::task::spawn_blocking(move || list_after(&root, &root_path, &offset))
+                .await
+                .map_err(|e| generic(format!("listing after {shown}: {e}").into()))
+        })
+        .map(|r| match r {
+            Ok(Ok(entries)) => futures::stream::iter(entries.into_iter().map(Ok)).boxed(),
+            Ok(Err(e)) | Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
+        })
+        .flatten()
+        .boxed()
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
@@ -187,5 +304,83 @@ impl ObjectStore for DurableLocalStore {
         self.note_new(to);
         self.inner.rename_opts(from, to, options).await?;
         self.sync(to).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    use object_store::local::LocalFileSystem;
+    use object_store::path::Path;
+
+    use super::DurableLocalStore;
+
+    async fn listed(
+        store: &dyn ObjectStore,
+        prefix: &Path,
+        offset: &Path,
+    ) -> Vec<(String, u64, Option<String>)> {
+        let mut v: Vec<_> = store
+            .list_with_offset(Some(prefix), offset)
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.location.to_string(), m.size, m.e_tag))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn listing_after_an_offset_matches_the_local_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("log/_commits")).unwrap();
+        std::fs::create_dir_all(root.join("log/a dir [1]")).unwrap();
+        for (name, body) in [
+            ("log/00000000000000000000.json", "a"),
+            ("log/00000000000000000001.json", "bb"),
+            ("log/00000000000000000002.json", "ccc"),
+            ("log/00000000000000000002.json#1", "part"),
+            ("log/00000000000000000003.checkpoint.parquet", "dddd"),
+            ("log/_last_checkpoint", "{}"),
+            ("log/_commits/00000000000000000004.uuid.json", "e"),
+            ("log/a dir [1]/ünï cødé %.json", "f"),
+            ("log/x#y", "g"),
+        ] {
+            std::fs::write(root.join(name), body).unwrap();
+        }
+        std::os::unix::fs::symlink(
+            root.join("log/00000000000000000001.json"),
+            root.join("log/link"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(root.join("nowhere"), root.join("log/dangling")).unwrap();
+        let prefix = Path::from_absolute_path(root.join("log")).unwrap();
+        let ours = DurableLocalStore::new();
+        let theirs = LocalFileSystem::new();
+        for last in [
+            "",
+            "00000000000000000000.json",
+            "00000000000000000001.json",
+            "_commits",
+            "zzz",
+        ] {
+            let offset = prefix.clone().join(last);
+            let want = listed(&theirs, &prefix, &offset).await;
+            let got = listed(&ours, &prefix, &offset).await;
+            assert_eq!(got, want, "after {offset}");
+        }
+        let all = listed(&ours, &prefix, &prefix.clone().join("")).await;
+        assert!(all.iter().any(|(l, _, _)| l.ends_with("link")), "{all:?}");
+        assert!(!all.iter().any(|(l, _, _)| l.ends_with("#1")), "{all:?}");
+        let missing = Path::from_absolute_path(root.join("no such folder")).unwrap();
+        assert!(
+            listed(&ours, &missing, &missing.clone().join("a"))
+                .await
+                .is_empty()
+        );
     }
 }

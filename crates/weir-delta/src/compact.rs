@@ -1,0 +1,156 @@
+//! Compaction: OPTIMIZE between batches, so tiny batches do not leave a file each forever.
+//!
+//! A one-row batch makes one data file per commit. Left alone, a table written every second
+//! holds 86,400 files a day and every snapshot, MERGE scan and checkpoint grows with them.
+//! By default a Delta sink counts its small batches (under [`SMALL_BATCH_BYTES`] in memory)
+//! and runs OPTIMIZE after [`AUTO_AFTER_SMALL_BATCHES`] of them; batches of ordinary size
+//! never trigger it. `optimize-every = N` runs it after every N batches whatever their
+//! size, and `0` turns compaction off.
+//!
+//! Exactly-once is untouched: OPTIMIZE rewrites files without changing rows, in its own
+//! commit after the batch's commit (which carries the app transaction). A crash between the
+//! two leaves the batch committed and the table uncompacted; the replay skips the write and
+//! the next compaction picks the files up. A failed OPTIMIZE fails the batch like any write.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use deltalake::DeltaTable;
+use weir_core::datafusion::arrow::record_batch::RecordBatch;
+use weir_core::storage::Location;
+
+use crate::error::DeltaSinkError;
+
+/// A batch smaller than this (Arrow memory size) counts as small.
+pub const SMALL_BATCH_BYTES: usize = 8 << 20;
+/// Small batches between automatic compactions.
+pub const AUTO_AFTER_SMALL_BATCHES: u64 = 100;
+
+/// When a sink compacts its table.
+#[derive(Debug, Clone)]
+pub(crate) struct Compaction {
+    rule: Rule,
+    /// Small batches written since the last compaction (automatic rule).
+    small: Arc<AtomicU64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    Auto,
+    Every(u64),
+    Off,
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Compaction {
+            rule: Rule::Auto,
+            small: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Compaction {
+    /// After every `n` batches; `0`: never.
+    pub fn every(n: u64) -> Self {
+        Compaction {
+            rule: if n == 0 { Rule::Off } else { Rule::Every(n) },
+            ..Compaction::default()
+        }
+    }
+
+    /// Whether to compact after batch `batch_id`, whose rows took `bytes` in memory.
+    fn due(&self, batch_id: u64, bytes: usize) -> bool {
+        match self.rule {
+            Rule::Off => false,
+            Rule::Every(n) => (batch_id + 1).is_multiple_of(n),
+            Rule::Auto => {
+                if bytes >= SMALL_BATCH_BYTES {
+                    return false;
+                }
+                let n = self.small.fetch_add(1, Ordering::Relaxed) + 1;
+                if n >= AUTO_AFTER_SMALL_BATCHES {
+                    self.small.store(0, Ordering::Relaxed);
+                    return true;
+                }
+                false
+            }
+        }
+    }
+
+    /// Runs OPTIMIZE after the batch's commit when it is due.
+    pub async fn after_commit(
+        &self,
+        table: DeltaTable,
+        bytes: usize,
+        at: &Location,
+        batch_id: u64,
+    ) -> Result<DeltaTable, DeltaSinkError> {
+        if !self.due(batch_id, bytes) {
+            return Ok(table);
+        }
+        let (table, metrics) = table
+            .optimize()
+            .await
+            .map_err(|source| DeltaSinkError::Delta {
+                table: at.to_string(),
+                batch_id,
+                action: "compacting small files (optimize)",
+                source,
+            })?;
+        tracing::info!(
+            table = %at,
+            "optimize after batch {batch_id}: {} files removed, {} added",
+            metrics.num_files_removed,
+            metrics.num_files_added
+        );
+        Ok(table)
+    }
+}
+
+/// The Arrow memory size of a batch's rows, which decides whether it counts as small.
+pub(crate) fn batch_bytes(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(RecordBatch::get_array_memory_size).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use weir_core::datafusion::arrow::array::Int64Array;
+    use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use weir_core::datafusion::arrow::record_batch::RecordBatch;
+
+    use super::{AUTO_AFTER_SMALL_BATCHES, Compaction, SMALL_BATCH_BYTES, batch_bytes};
+
+    fn batch(rows: usize) -> usize {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let col = Int64Array::from_iter_values(0..rows as i64);
+        batch_bytes(&[RecordBatch::try_new(schema, vec![Arc::new(col)]).unwrap()])
+    }
+
+    #[test]
+    fn tiny_batches_compact_by_default_and_big_ones_never_do() {
+        let c = Compaction::default();
+        let due: Vec<u64> = (0..250).filter(|&id| c.due(id, batch(1))).collect();
+        assert_eq!(
+            due,
+            vec![
+                AUTO_AFTER_SMALL_BATCHES - 1,
+                2 * AUTO_AFTER_SMALL_BATCHES - 1
+            ]
+        );
+        let big = batch(SMALL_BATCH_BYTES / 8 + 1);
+        let c = Compaction::default();
+        assert!((0..300).all(|id| !c.due(id, big)));
+    }
+
+    #[test]
+    fn an_explicit_period_counts_batches_and_zero_turns_it_off() {
+        let c = Compaction::every(3);
+        let due: Vec<u64> = (0..9).filter(|&id| c.due(id, batch(1))).collect();
+        assert_eq!(due, vec![2, 5, 8]);
+        let off = Compaction::every(0);
+        assert!((0..300).all(|id| !off.due(id, batch(1))));
+    }
+}
