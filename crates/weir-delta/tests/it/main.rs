@@ -314,3 +314,83 @@ async fn pruning_by_a_key_column_gives_the_same_result_and_a_non_key_column_is_r
     assert!(chain(&err).contains("prune-by"), "{}", chain(&err));
     assert_eq!(table_rows(&path).await, vec!["1|z", "2|y", "3|x"]);
 }
+
+/// One-row batches, past the automatic compaction (100 small batches) and the reload of the
+/// cached table (100 versions), with a replay after both: every row once, one data commit
+/// per batch, and the table's active files bounded instead of one per batch.
+#[tokio::test]
+async fn tiny_batches_are_compacted_by_default_and_replays_still_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    let append_at = Location::local(dir.path().join("append"));
+    let merge_at = Location::local(dir.path().join("merge"));
+    let append = DeltaAppend::new(append_at.clone());
+    let merge = DeltaMerge::new(merge_at.clone(), ["order_id"], "updated_at");
+    let q = uuid::Uuid::new_v4();
+    let batches: u64 = 230;
+    for id in 0..batches {
+        let i = id as i64;
+        // The merge sees 20 keys, each updated again and again.
+        let version = format!("v{i}");
+        append.call(df(&[(i, "a", i)]), ctx(q, id)).await.unwrap();
+        merge
+            .call(df(&[(i % 20, &version, i)]), ctx(q, id))
+            .await
+            .unwrap();
+        if id == 150 || id == batches - 1 {
+            let replay = ctx(q, id).replay(true);
+            append
+                .call(df(&[(i, "a", i)]), replay.clone())
+                .await
+                .unwrap();
+            merge
+                .call(df(&[(i % 20, &version, i)]), replay.clone())
+                .await
+                .unwrap();
+            assert_eq!(replay.metrics.skipped(), 2, "batch {id}: both replays skip");
+        }
+    }
+    for at in [&append_at, &merge_at] {
+        assert_eq!(
+            weir_delta::data_commits(at).await.unwrap(),
+            Some(batches),
+            "{at}: one data commit per batch"
+        );
+        let version = table_version(at).await.unwrap().unwrap();
+        assert!(version >= batches, "{at}: OPTIMIZE commits too ({version})");
+        let files = weir_delta::open(at, 0)
+            .await
+            .unwrap()
+            .get_file_uris()
+            .unwrap()
+            .count();
+        assert!(
+            files <= 40,
+            "{at}: {files} active files after {batches} batches"
+        );
+        assert_eq!(
+            recorded_version(at, &ctx(q, 0).app_id()).await.unwrap(),
+            Some(batches as i64 - 1)
+        );
+    }
+    let rows = table_rows(&append_at).await;
+    assert_eq!(rows.len() as u64, batches, "every appended row once");
+    let want: Vec<String> = {
+        let mut v: Vec<String> = (0..batches as i64).map(|i| format!("{i}|a")).collect();
+        v.sort();
+        v
+    };
+    let mut got = rows;
+    got.sort();
+    assert_eq!(got, want);
+    let newest = table_rows(&merge_at).await;
+    let mut want: Vec<String> = (0..20i64)
+        .map(|k| {
+            let last = (0..batches as i64).filter(|i| i % 20 == k).max().unwrap();
+            format!("{k}|v{last}")
+        })
+        .collect();
+    want.sort();
+    let mut newest = newest;
+    newest.sort();
+    assert_eq!(newest, want, "the newest row per key");
+}
