@@ -6,7 +6,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use deltalake::DeltaTable;
 use deltalake::kernel::Transaction;
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::protocol::SaveMode;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::prelude::DataFrame;
@@ -15,7 +14,7 @@ use weir_core::{BatchContext, BoxError, ForeachBatch, fault};
 
 use crate::compact::{Compaction, batch_bytes};
 use crate::error::DeltaSinkError;
-use crate::table::{Cached, note_version, prepare};
+use crate::table::{Cached, commit_properties, note_version, prepare};
 use crate::{POINT_AFTER_COMMIT, POINT_BEFORE_COMMIT};
 
 /// Appends each batch to a Delta table, exactly once per batch id.
@@ -170,7 +169,7 @@ pub(crate) async fn write_with_txn(
     let mut write = table
         .write(batches)
         .with_save_mode(SaveMode::Append)
-        .with_commit_properties(CommitProperties::default().with_application_transaction(txn));
+        .with_commit_properties(commit_properties().with_application_transaction(txn));
     if !partition_by.is_empty() {
         write = write.with_partition_columns(partition_by.to_vec());
     }

@@ -20,6 +20,7 @@ use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::storage::Location;
 
 use crate::error::DeltaSinkError;
+use crate::table::commit_properties;
 
 /// A batch smaller than this (Arrow memory size) counts as small.
 pub const SMALL_BATCH_BYTES: usize = 8 << 20;
@@ -91,6 +92,7 @@ impl Compaction {
         }
         let (table, metrics) = table
             .optimize()
+            .with_commit_properties(commit_properties())
             .await
             .map_err(|source| DeltaSinkError::Delta {
                 table: at.to_string(),

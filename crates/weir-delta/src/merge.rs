@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use deltalake::kernel::Transaction;
-use deltalake::kernel::transaction::CommitProperties;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::common::{Column, ScalarValue};
 use weir_core::datafusion::functions_aggregate::expr_fn::count;
@@ -20,7 +19,7 @@ use weir_core::{
 use crate::append::write_with_txn;
 use crate::compact::{Compaction, batch_bytes};
 use crate::error::DeltaSinkError;
-use crate::table::{Cached, note_version, prepare};
+use crate::table::{Cached, commit_properties, note_version, prepare};
 use crate::{POINT_AFTER_COMMIT, POINT_BEFORE_COMMIT};
 
 /// Upserts each batch into a Delta table by key: Spark's
@@ -309,9 +308,7 @@ impl DeltaMerge {
                 .merge(source_df, predicate)
                 .with_source_alias("s")
                 .with_target_alias("t")
-                .with_commit_properties(
-                    CommitProperties::default().with_application_transaction(txn),
-                )
+                .with_commit_properties(commit_properties().with_application_transaction(txn))
                 .when_matched_update(|u| {
                     let u = match &self.update_condition {
                         Some(sql) => u.predicate(sql.clone()),

@@ -4,6 +4,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::protocol::checkpoints::cleanup_metadata;
+use deltalake::table::config::TablePropertiesExt;
 use deltalake::{DeltaTable, DeltaTableBuilder};
 use futures::TryStreamExt;
 use tokio::sync::Mutex;
@@ -147,6 +150,15 @@ pub async fn read_table(ctx: &SessionContext, at: &Location) -> Result<DataFrame
 /// segment stays under about twice this many commits.
 pub(crate) const RELOAD_EVERY_VERSIONS: u64 = 100;
 
+/// The commit properties of every commit a sink makes: without delta-rs's per-commit log
+/// cleanup, which lists the whole `_delta_log` folder after each commit (a cost that grew
+/// with every batch until the log retention, 30 days by default, let files go). The
+/// cleanup runs instead when the cached table is loaded afresh, as Delta does it at
+/// checkpoints ([`Cached::take`]).
+pub(crate) fn commit_properties() -> CommitProperties {
+    CommitProperties::default().with_cleanup_expired_logs(Some(false))
+}
+
 /// A sink's table, kept open between batches: each batch catches up on new commits
 /// (others' included) instead of loading the table from scratch, and loads it afresh every
 /// [`RELOAD_EVERY_VERSIONS`] versions.
@@ -182,6 +194,7 @@ impl Cached {
                 source,
             })?;
         if needs_reload(self.loaded_at.load(Ordering::Relaxed), t.version()) {
+            remove_expired_log_files(&t, at, batch_id).await?;
             drop(t);
             return self.load(at, batch_id).await;
         }
@@ -198,6 +211,35 @@ impl Cached {
     pub async fn put(&self, table: DeltaTable) {
         *self.table.lock().await = Some(table);
     }
+}
+
+/// Deletes the log files older than the table's `delta.logRetentionDuration` (30 days by
+/// default) that a checkpoint makes unnecessary, unless the table turns
+/// `delta.enableExpiredLogCleanup` off.
+async fn remove_expired_log_files(
+    table: &DeltaTable,
+    at: &Location,
+    batch_id: u64,
+) -> Result<(), DeltaSinkError> {
+    let err = |source| DeltaSinkError::Delta {
+        table: at.to_string(),
+        batch_id,
+        action: "removing expired log files",
+        source,
+    };
+    if !table
+        .snapshot()
+        .map_err(err)?
+        .table_config()
+        .enable_expired_log_cleanup()
+    {
+        return Ok(());
+    }
+    let removed = cleanup_metadata(table, None).await.map_err(err)?;
+    if removed > 0 {
+        tracing::info!(table = %at, "removed {removed} expired log files");
+    }
+    Ok(())
 }
 
 /// Whether a table loaded at `loaded_at` and now at `now` should be loaded afresh.

@@ -94,17 +94,21 @@ fn list_after(
                     .into(),
                 ));
             };
-            // As `LocalFileSystem` names it: the raw name, not percent-encoded.
+            // As `LocalFileSystem` names it: the raw name, not percent-encoded. A `Path`
+            // orders as its string, so files up to the offset are skipped before any work.
             let raw = if dir_path.as_ref().is_empty() {
                 name.to_string()
             } else {
                 format!("{dir_path}/{name}")
             };
-            let location = Path::parse(&raw)
-                .map_err(|e| generic(format!("listing {}: {e}", dir.display()).into()))?;
             let mut kind = entry
                 .file_type()
                 .map_err(|e| generic(format!("reading {}: {e}", entry.path().display()).into()))?;
+            if kind.is_file() && (raw.as_str() <= offset.as_ref() || is_upload_part(name)) {
+                continue;
+            }
+            let location = Path::parse(&raw)
+                .map_err(|e| generic(format!("listing {}: {e}", dir.display()).into()))?;
             if kind.is_symlink() {
                 match std::fs::metadata(entry.path()) {
                     Ok(m) => kind = m.file_type(),

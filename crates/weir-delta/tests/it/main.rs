@@ -394,3 +394,42 @@ async fn tiny_batches_are_compacted_by_default_and_replays_still_skip() {
     newest.sort();
     assert_eq!(newest, want, "the newest row per key");
 }
+
+/// The log cleanup delta-rs runs after every commit (listing the whole `_delta_log`) is
+/// replaced by one at each reload of the cached table: expired log files still go, and the
+/// table still reads whole from its checkpoint.
+#[tokio::test]
+async fn expired_log_files_are_removed_at_checkpoints_and_the_table_reads_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = table(&dir);
+    let sink = DeltaAppend::new(at.clone()).optimize_every(0);
+    let q = uuid::Uuid::new_v4();
+    sink.call(df(&[(0, "a", 0)]), ctx(q, 0)).await.unwrap();
+    let props = std::collections::HashMap::from([(
+        "delta.logRetentionDuration".to_string(),
+        "interval 0 seconds".to_string(),
+    )]);
+    weir_delta::open(&at, 0)
+        .await
+        .unwrap()
+        .set_tbl_properties()
+        .with_properties(props)
+        .await
+        .unwrap();
+    let batches: u64 = 205;
+    for id in 1..batches {
+        let i = id as i64;
+        sink.call(df(&[(i, "a", i)]), ctx(q, id)).await.unwrap();
+    }
+    let log = dir.path().join("t/_delta_log");
+    assert!(
+        !log.join(format!("{:020}.json", 0)).exists(),
+        "version 0's log file is expired and behind checkpoint 199"
+    );
+    assert!(log.join(format!("{:020}.checkpoint.parquet", 199)).exists());
+    assert_eq!(table_rows(&at).await.len() as u64, batches);
+    assert_eq!(
+        recorded_version(&at, &ctx(q, 0).app_id()).await.unwrap(),
+        Some(batches as i64 - 1)
+    );
+}
