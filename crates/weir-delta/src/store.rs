@@ -7,16 +7,35 @@
 //! through delta-rs's default log store, which writes `_delta_log/N.json` with a
 //! conditional put (`PutMode::Create`). For `file://` it registers a store that fsyncs every
 //! file and folder it writes, so a local table's commit is durable before `commits/N`.
+//!
+//! Every table's log store is wrapped ([`BoundedReads`]) so that the kernel engine delta-rs
+//! reads the log with opens at most [`LOG_FILES_AT_ONCE`] log files at a time: its default,
+//! 1,000, opened every commit file since the checkpoint at once on each batch's lookup of the
+//! application transaction, each with a JSON decoder sized for 1,000 rows (about 3 MB),
+//! a transient peak of over 100 MB that left the process's memory higher batch after batch.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Once};
 
-use deltalake::logstore::{
-    LogStore, LogStoreFactory, ObjectStoreFactory, ObjectStoreRef, StorageConfig, default_logstore,
-    logstore_factories, object_store_factories,
+use std::num::NonZero;
+
+use bytes::Bytes;
+use delta_kernel::Engine;
+use delta_kernel_default_engine::DefaultEngineBuilder;
+use delta_kernel_default_engine::executor::tokio::{
+    TokioBackgroundExecutor, TokioMultiThreadExecutor,
 };
-use deltalake::{DeltaResult, DeltaTableError, Path};
+use deltalake::kernel::Version;
+use deltalake::kernel::transaction::TransactionError;
+use deltalake::logstore::{
+    CommitOrBytes, LogStore, LogStoreConfig, LogStoreFactory, ObjectStoreFactory, ObjectStoreRef,
+    StorageConfig, default_logstore, logstore_factories, object_store_factories,
+};
+use deltalake::{DeltaResult, DeltaTableError, ObjectStore, Path};
+use tokio::runtime::{Handle, RuntimeFlavor};
 use url::Url;
+use uuid::Uuid;
+use weir_core::datafusion::execution::object_store::ObjectStoreUrl;
 use weir_core::storage::{DurableLocalStore, StorageOptions, object_store_for};
 
 /// Schemes whose tables weir opens through object stores.
@@ -68,12 +87,125 @@ impl LogStoreFactory for Logs {
         location: &Url,
         options: &StorageConfig,
     ) -> DeltaResult<Arc<dyn LogStore>> {
-        Ok(default_logstore(
+        Ok(Arc::new(BoundedReads(default_logstore(
             prefixed_store,
             root_store,
             location,
             options,
-        ))
+        ))))
+    }
+}
+
+/// How many log files the kernel engine reads at once.
+pub const LOG_FILES_AT_ONCE: NonZero<usize> = NonZero::<usize>::MIN.saturating_add(15);
+
+/// Rows per batch the engine decodes from a log file: a batch's commit has a handful of
+/// actions, and the decoder reserves room for this many up front.
+const LOG_ROWS_PER_BATCH: NonZero<usize> = NonZero::<usize>::MIN.saturating_add(255);
+
+/// delta-rs's default log store with a kernel engine that reads at most
+/// [`LOG_FILES_AT_ONCE`] log files at a time; everything else is passed through.
+struct BoundedReads(Arc<dyn LogStore>);
+
+impl std::fmt::Debug for BoundedReads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BoundedReads({})", self.0.name())
+    }
+}
+
+#[async_trait::async_trait]
+impl LogStore for BoundedReads {
+    fn name(&self) -> String {
+        self.0.name()
+    }
+
+    async fn refresh(&self) -> DeltaResult<()> {
+        self.0.refresh().await
+    }
+
+    async fn read_commit_entry(&self, version: Version) -> DeltaResult<Option<Bytes>> {
+        self.0.read_commit_entry(version).await
+    }
+
+    async fn write_commit_entry(
+        &self,
+        version: Version,
+        commit_or_bytes: CommitOrBytes,
+        operation_id: Uuid,
+    ) -> Result<(), TransactionError> {
+        self.0
+            .write_commit_entry(version, commit_or_bytes, operation_id)
+            .await
+    }
+
+    async fn abort_commit_entry(
+        &self,
+        version: Version,
+        commit_or_bytes: CommitOrBytes,
+        operation_id: Uuid,
+    ) -> Result<(), TransactionError> {
+        self.0
+            .abort_commit_entry(version, commit_or_bytes, operation_id)
+            .await
+    }
+
+    async fn get_latest_version(&self, start_version: Version) -> DeltaResult<Version> {
+        self.0.get_latest_version(start_version).await
+    }
+
+    fn object_store(&self, operation_id: Option<Uuid>) -> Arc<dyn ObjectStore> {
+        self.0.object_store(operation_id)
+    }
+
+    fn root_object_store(&self, operation_id: Option<Uuid>) -> Arc<dyn ObjectStore> {
+        self.0.root_object_store(operation_id)
+    }
+
+    fn engine(&self, operation_id: Option<Uuid>) -> Arc<dyn Engine> {
+        let builder = DefaultEngineBuilder::new(self.root_object_store(operation_id))
+            .with_buffer_size(LOG_FILES_AT_ONCE)
+            .with_batch_size(LOG_ROWS_PER_BATCH);
+        // As delta-rs does it: the multi-threaded runtime's own workers when there is one.
+        match Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => Arc::new(
+                builder
+                    .with_task_executor(Arc::new(TokioMultiThreadExecutor::new(h)))
+                    .build(),
+            ),
+            _ => Arc::new(
+                builder
+                    .with_task_executor(Arc::new(TokioBackgroundExecutor::new()))
+                    .build(),
+            ),
+        }
+    }
+
+    fn to_uri(&self, location: &Path) -> String {
+        self.0.to_uri(location)
+    }
+
+    fn root_url(&self) -> &Url {
+        self.0.root_url()
+    }
+
+    fn log_path(&self) -> &Path {
+        self.0.log_path()
+    }
+
+    fn transaction_url(&self, operation_id: Option<Uuid>) -> DeltaResult<Url> {
+        self.0.transaction_url(operation_id)
+    }
+
+    async fn is_delta_table_location(&self) -> DeltaResult<bool> {
+        self.0.is_delta_table_location().await
+    }
+
+    fn config(&self) -> &LogStoreConfig {
+        self.0.config()
+    }
+
+    fn object_store_url(&self) -> ObjectStoreUrl {
+        self.0.object_store_url()
     }
 }
 
@@ -90,7 +222,8 @@ pub fn register() {
             }
         }
         if let Ok(u) = Url::parse("file://") {
-            object_store_factories().insert(u, Arc::new(LocalStores));
+            object_store_factories().insert(u.clone(), Arc::new(LocalStores));
+            logstore_factories().insert(u, logs);
         }
     });
 }
