@@ -220,6 +220,28 @@ async fn retention_and_compaction_keep_the_seen_files_across_restarts() {
         vec!["19.compact", "20", "21", "22", "23", "24"],
         "{logs:?}"
     );
+    // The compact entry names every file taken through batch 19 once, in batch order; the
+    // batches a replay may still need (17..=19 with 3 retained) keep their size for the
+    // read's check, older ones only Spark's path, timestamp and batch id.
+    let compact = std::fs::read_to_string(chk.join("sources/0/19.compact")).unwrap();
+    let lines: Vec<serde_json::Value> = compact
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 20, "{compact}");
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["batchId"], i as u64, "{compact}");
+        assert!(
+            l["path"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("/f{i:02}.json")),
+            "{compact}"
+        );
+        assert!(l["timestamp"].as_i64().unwrap() > 0, "{compact}");
+        assert_eq!(l.get("size").is_some(), i >= 17, "{compact}");
+    }
     // After a restart no old file is taken again; a new one is.
     write_file(&input, "g.json", 900..901);
     let again: Seen = Arc::default();

@@ -117,8 +117,10 @@ struct State {
     retain: u64,
     /// Entries of the batches still needed for reading (replay) and compaction.
     entries: BTreeMap<u64, Vec<FileEntry>>,
-    /// Files taken and not yet forgotten, by name.
-    seen: HashMap<String, FileEntry>,
+    /// Files taken and not yet forgotten, by name: only what deduplication, `max_file_age`,
+    /// `clean_source` and the compact log entry need, since a folder that only grows keeps
+    /// one of these per file for the life of the query.
+    seen: HashMap<String, Seen>,
     newest_timestamp: i64,
     /// Listed, not yet taken, in the order to take them.
     queue: VecDeque<FileMeta>,
@@ -130,6 +132,22 @@ struct State {
     cleaned_through: Option<u64>,
     /// Log entries below this are deleted (`None`: not known yet in this run).
     log_purged_below: Option<u64>,
+}
+
+/// What the source remembers of a file it took.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    timestamp: i64,
+    batch_id: u64,
+}
+
+impl From<&FileEntry> for Seen {
+    fn from(e: &FileEntry) -> Self {
+        Seen {
+            timestamp: e.timestamp,
+            batch_id: e.batch_id,
+        }
+    }
 }
 
 /// A folder of files as a replayable source. See the module docs.
@@ -235,33 +253,39 @@ impl FileSource {
     /// Lists the folder again and queues the files not taken yet, in the order to take them.
     async fn refill(&self) -> Result<()> {
         let dir = &self.opts.path;
-        let (known, newest) = {
+        // Whether a listed name is new: checked against the state in place (copying every
+        // name seen, once per listing, cost time and memory that grew with the query's age).
+        let unknown = |names: Vec<String>| -> Result<(Vec<String>, i64)> {
             let st = self.lock()?;
-            let mut known: HashSet<String> = st.seen.keys().cloned().collect();
-            known.extend(st.queue.iter().map(|f| f.name.clone()));
-            (known, st.newest_timestamp)
+            let queued: HashSet<&str> = st.queue.iter().map(|f| f.name.as_str()).collect();
+            let fresh = names
+                .into_iter()
+                .filter(|n| {
+                    !is_hidden(n) && !st.seen.contains_key(n) && !queued.contains(n.as_str())
+                })
+                .collect();
+            Ok((fresh, st.newest_timestamp))
         };
         // Locally a listing gives names only: stat just the new ones.
-        let metas: Vec<FileMeta> = if dir.is_local() {
-            let names: Vec<String> = dir
-                .list_names()
-                .await?
-                .into_iter()
-                .filter(|n| !is_hidden(n) && !known.contains(n))
-                .collect();
+        let (metas, newest): (Vec<FileMeta>, i64) = if dir.is_local() {
+            let (names, newest) = unknown(dir.list_names().await?)?;
             let mut out = Vec::with_capacity(names.len());
             for n in names {
                 if let Some(m) = dir.head(&n).await? {
                     out.push(m);
                 }
             }
-            out
+            (out, newest)
         } else {
-            dir.list()
+            let mut listed: HashMap<String, FileMeta> = dir
+                .list()
                 .await?
                 .into_iter()
-                .filter(|f| !is_hidden(&f.name) && !known.contains(&f.name))
-                .collect()
+                .map(|f| (f.name.clone(), f))
+                .collect();
+            let (names, newest) = unknown(listed.keys().cloned().collect())?;
+            let out = names.iter().filter_map(|n| listed.remove(n)).collect();
+            (out, newest)
         };
         let newest = metas
             .iter()
@@ -283,26 +307,38 @@ impl FileSource {
         Ok(())
     }
 
-    /// Writes the log entry of `id` taking `take`, compacting every 10th.
+    /// Writes the log entry of `id` taking `take`, compacting every 10th: a compact entry
+    /// holds every file still remembered (path, time and batch, as Spark records them) and
+    /// the full entries of the batches still retained for a replay.
     async fn record(&self, log: &Location, id: u64, take: &[FileEntry]) -> Result<()> {
-        let compact = entry_name(id).ends_with(".compact");
-        let lines: Vec<FileEntry> = if compact {
+        if !entry_name(id).ends_with(".compact") {
+            let refs: Vec<&FileEntry> = take.iter().collect();
+            return log::write(log, id, &refs).await;
+        }
+        let (older, retained) = {
             let st = self.lock()?;
             let floor = (id + 1).saturating_sub(st.retain);
-            let mut keep: BTreeMap<(u64, String), FileEntry> = BTreeMap::new();
-            for e in st.seen.values() {
-                keep.insert((e.batch_id, e.path.clone()), e.clone());
-            }
-            for (bid, es) in st.entries.range(floor..) {
-                for e in es {
-                    keep.insert((*bid, e.path.clone()), e.clone());
-                }
-            }
-            keep.into_values().chain(take.iter().cloned()).collect()
-        } else {
-            take.to_vec()
+            let mut older: Vec<(&String, &Seen)> =
+                st.seen.iter().filter(|(_, s)| s.batch_id < floor).collect();
+            older.sort_unstable_by_key(|(n, s)| (s.batch_id, *n));
+            let older: Vec<FileEntry> = older
+                .into_iter()
+                .map(|(n, s)| FileEntry {
+                    path: self.opts.path.file_url_encoded(n),
+                    timestamp: s.timestamp,
+                    batch_id: s.batch_id,
+                    size: None,
+                    etag: None,
+                })
+                .collect();
+            let retained: Vec<FileEntry> = st
+                .entries
+                .range(floor..)
+                .flat_map(|(_, es)| es.iter().cloned())
+                .collect();
+            (older, retained)
         };
-        let refs: Vec<&FileEntry> = lines.iter().collect();
+        let refs: Vec<&FileEntry> = older.iter().chain(&retained).chain(take).collect();
         log::write(log, id, &refs).await
     }
 
@@ -319,9 +355,9 @@ impl FileSource {
                 return Ok(());
             }
             st.seen
-                .values()
-                .filter(|e| e.batch_id <= end_id)
-                .map(FileEntry::name)
+                .iter()
+                .filter(|(_, s)| s.batch_id <= end_id)
+                .map(|(n, _)| n.clone())
                 .collect()
         };
         let dir = &self.opts.path;
@@ -366,7 +402,7 @@ impl Source for FileSource {
             .values()
             .flatten()
             .filter(|e| e.timestamp >= oldest)
-            .map(|e| (e.name(), e.clone()))
+            .map(|e| (e.name(), Seen::from(e)))
             .collect();
         st.newest_timestamp = newest;
         st.entries = entries;
@@ -470,7 +506,7 @@ impl Source for FileSource {
                 a.remove(&name);
             }
             st.newest_timestamp = st.newest_timestamp.max(e.timestamp);
-            st.seen.insert(name, e.clone());
+            st.seen.insert(name, Seen::from(e));
         }
         st.entries.insert(next_id, take);
         Ok(Some(log_offset(next_id)))
