@@ -115,6 +115,9 @@ impl std::fmt::Debug for BoundedReads {
 
 #[async_trait::async_trait]
 impl LogStore for BoundedReads {
+    /// The inner store's name, unchanged: delta-rs hands the commit bytes straight to a
+    /// store named `DefaultLogStore` and would otherwise write a temporary commit file that
+    /// the default store's `write_commit_entry` does not accept.
     fn name(&self) -> String {
         self.0.name()
     }
