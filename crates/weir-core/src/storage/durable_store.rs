@@ -104,11 +104,6 @@ fn list_after(
             let mut kind = entry
                 .file_type()
                 .map_err(|e| generic(format!("reading {}: {e}", entry.path().display()).into()))?;
-            if kind.is_file() && (raw.as_str() <= offset.as_ref() || is_upload_part(name)) {
-                continue;
-            }
-            let location = Path::parse(&raw)
-                .map_err(|e| generic(format!("listing {}: {e}", dir.display()).into()))?;
             if kind.is_symlink() {
                 match std::fs::metadata(entry.path()) {
                     Ok(m) => kind = m.file_type(),
@@ -116,11 +111,15 @@ fn list_after(
                     Err(_) => continue,
                 }
             }
-            if kind.is_dir() {
-                folders.push((entry.path(), location));
+            let skip_file = !kind.is_dir()
+                && (!kind.is_file() || raw.as_str() <= offset.as_ref() || is_upload_part(name));
+            if skip_file {
                 continue;
             }
-            if location <= *offset || !kind.is_file() || is_upload_part(name) {
+            let location = Path::parse(&raw)
+                .map_err(|e| generic(format!("listing {}: {e}", dir.display()).into()))?;
+            if kind.is_dir() {
+                folders.push((entry.path(), location));
                 continue;
             }
             let meta = match std::fs::metadata(entry.path()) {
