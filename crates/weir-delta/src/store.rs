@@ -207,8 +207,24 @@ impl LogStore for BoundedReads {
         self.0.config()
     }
 
+    /// The key the table's store is registered under in DataFusion. delta-rs puts the
+    /// table's path into the URL's host as it is and panics when that is not a valid host
+    /// (a `[` in a folder name); here every byte but `a-z0-9` is written as `-xx` (hex),
+    /// which any host accepts and which keeps two different paths two different keys.
     fn object_store_url(&self) -> ObjectStoreUrl {
-        self.0.object_store_url()
+        let root = self.root_url();
+        let encoded: String = root
+            .as_str()
+            .bytes()
+            .map(|b| match b {
+                b'a'..=b'z' | b'0'..=b'9' => char::from(b).to_string(),
+                _ => format!("-{b:02x}"),
+            })
+            .collect();
+        match ObjectStoreUrl::parse(format!("delta-rs://{encoded}")) {
+            Ok(u) => u,
+            Err(_) => self.0.object_store_url(),
+        }
     }
 }
 

@@ -433,3 +433,29 @@ async fn expired_log_files_are_removed_at_checkpoints_and_the_table_reads_whole(
         Some(batches as i64 - 1)
     );
 }
+
+#[tokio::test]
+async fn tables_in_folders_with_brackets_and_spaces_take_appends_merges_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = Location::local(dir.path().join("raw [d] ü"));
+    let latest = Location::local(dir.path().join("latest [d]"));
+    let append = DeltaAppend::new(raw.clone());
+    let merge = DeltaMerge::new(latest.clone(), ["order_id"], "updated_at");
+    let q = uuid::Uuid::new_v4();
+    for (id, rows) in [(0, vec![(1, "a", 1), (2, "b", 1)]), (1, vec![(1, "c", 2)])] {
+        append.call(df(&rows), ctx(q, id)).await.unwrap();
+        merge.call(df(&rows), ctx(q, id)).await.unwrap();
+    }
+    let replay = ctx(q, 1).replay(true);
+    append
+        .call(df(&[(1, "c", 2)]), replay.clone())
+        .await
+        .unwrap();
+    merge
+        .call(df(&[(1, "c", 2)]), replay.clone())
+        .await
+        .unwrap();
+    assert_eq!(replay.metrics.skipped(), 2, "both replays skip");
+    assert_eq!(table_rows(&raw).await, vec!["1|a", "1|c", "2|b"]);
+    assert_eq!(table_rows(&latest).await, vec!["1|c", "2|b"]);
+}
