@@ -11,6 +11,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::followed::After;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -68,13 +69,55 @@ fn generic(e: Box<dyn std::error::Error + Send + Sync>) -> object_store::Error {
 
 /// The files under `root` (object path `root_path`) whose paths sort after `offset`, with
 /// their metadata; folders are walked whatever their name, as `LocalFileSystem` does.
+///
+/// The top folder's names come from [`followed`](super::followed) when it can follow the
+/// folder, so a listing of a Delta log from its newest commit costs the entries after it, not
+/// every commit the log holds.
 fn list_after(
     root: &std::path::Path,
     root_path: &Path,
     offset: &Path,
 ) -> object_store::Result<Vec<ObjectMeta>> {
     let mut out = Vec::new();
-    let mut folders = vec![(root.to_path_buf(), root_path.clone())];
+    let mut folders = Vec::new();
+    let top = if root_path.as_ref().is_empty() {
+        None
+    } else {
+        let prefix = format!("{root_path}/");
+        let offset = offset.as_ref();
+        let after = match offset.strip_prefix(prefix.as_str()) {
+            Some(rest) => Some(After::Name(rest)),
+            // Every path under the folder sorts after the offset.
+            None if offset < prefix.as_str() => Some(After::All),
+            None => None,
+        };
+        after.and_then(|a| super::followed::names_after(root, a))
+    };
+    match top {
+        Some(names) => {
+            for name in names {
+                let path = root.join(&name);
+                let kind = match std::fs::symlink_metadata(&path) {
+                    Ok(m) => m.file_type(),
+                    // Gone since the folder was followed: nothing to list.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        return Err(generic(format!("reading {}: {e}", path.display()).into()));
+                    }
+                };
+                visit(
+                    &path,
+                    &name,
+                    kind,
+                    root_path,
+                    offset,
+                    &mut out,
+                    &mut folders,
+                )?;
+            }
+        }
+        None => folders.push((root.to_path_buf(), root_path.clone())),
+    }
     while let Some((dir, dir_path)) = folders.pop() {
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
@@ -94,47 +137,68 @@ fn list_after(
                     .into(),
                 ));
             };
-            // As `LocalFileSystem` names it: the raw name, not percent-encoded. A `Path`
-            // orders as its string, so files up to the offset are skipped before any work.
-            let raw = if dir_path.as_ref().is_empty() {
-                name.to_string()
-            } else {
-                format!("{dir_path}/{name}")
-            };
-            let mut kind = entry
+            let kind = entry
                 .file_type()
                 .map_err(|e| generic(format!("reading {}: {e}", entry.path().display()).into()))?;
-            if kind.is_symlink() {
-                match std::fs::metadata(entry.path()) {
-                    Ok(m) => kind = m.file_type(),
-                    // A dangling link lists as nothing, as in `LocalFileSystem`.
-                    Err(_) => continue,
-                }
-            }
-            let skip_file = !kind.is_dir()
-                && (!kind.is_file() || raw.as_str() <= offset.as_ref() || is_upload_part(name));
-            if skip_file {
-                continue;
-            }
-            let location = Path::parse(&raw)
-                .map_err(|e| generic(format!("listing {}: {e}", dir.display()).into()))?;
-            if kind.is_dir() {
-                folders.push((entry.path(), location));
-                continue;
-            }
-            let meta = match std::fs::metadata(entry.path()) {
-                Ok(m) => m,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    return Err(generic(
-                        format!("reading {}: {e}", entry.path().display()).into(),
-                    ));
-                }
-            };
-            out.push(object_meta(location, &meta));
+            visit(
+                &entry.path(),
+                name,
+                kind,
+                &dir_path,
+                offset,
+                &mut out,
+                &mut folders,
+            )?;
         }
     }
     Ok(out)
+}
+
+/// One entry `name` (at `path`, of type `kind` as the folder gave it) of the folder at object
+/// path `dir_path`: a file after `offset` goes to `out` with its metadata, a folder to
+/// `folders` to be walked.
+fn visit(
+    path: &std::path::Path,
+    name: &str,
+    mut kind: std::fs::FileType,
+    dir_path: &Path,
+    offset: &Path,
+    out: &mut Vec<ObjectMeta>,
+    folders: &mut Vec<(PathBuf, Path)>,
+) -> object_store::Result<()> {
+    // As `LocalFileSystem` names it: the raw name, not percent-encoded. A `Path` orders as
+    // its string, so files up to the offset are skipped before any work.
+    let raw = if dir_path.as_ref().is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir_path}/{name}")
+    };
+    if kind.is_symlink() {
+        match std::fs::metadata(path) {
+            Ok(m) => kind = m.file_type(),
+            // A dangling link lists as nothing, as in `LocalFileSystem`.
+            Err(_) => return Ok(()),
+        }
+    }
+    let skip_file = !kind.is_dir()
+        && (!kind.is_file() || raw.as_str() <= offset.as_ref() || is_upload_part(name));
+    if skip_file {
+        return Ok(());
+    }
+    let shown = || path.display().to_string();
+    let location =
+        Path::parse(&raw).map_err(|e| generic(format!("listing {}: {e}", shown()).into()))?;
+    if kind.is_dir() {
+        folders.push((path.to_path_buf(), location));
+        return Ok(());
+    }
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(generic(format!("reading {}: {e}", shown()).into())),
+    };
+    out.push(object_meta(location, &meta));
+    Ok(())
 }
 
 /// `name#N`: a multipart upload's part in progress, which `LocalFileSystem` does not list.
@@ -319,7 +383,7 @@ mod tests {
 
     use super::DurableLocalStore;
 
-    async fn listed(
+    pub(super) async fn listed(
         store: &dyn ObjectStore,
         prefix: &Path,
         offset: &Path,
@@ -385,5 +449,100 @@ mod tests {
                 .await
                 .is_empty()
         );
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod followed_tests {
+    use object_store::local::LocalFileSystem;
+    use object_store::path::Path;
+
+    use super::DurableLocalStore;
+    use super::tests::listed;
+
+    fn commit(v: u64) -> String {
+        format!("{v:020}.json")
+    }
+
+    /// A followed folder lists as `LocalFileSystem` reads it through creations, deletions,
+    /// renames in and out, links, a sub-folder, a replaced folder and trims of kept names.
+    #[tokio::test]
+    async fn a_followed_folder_lists_as_a_fresh_read_through_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("t [1]/_delta_log");
+        std::fs::create_dir_all(&log).unwrap();
+        let prefix = Path::from_absolute_path(&log).unwrap();
+        let ours = DurableLocalStore::new();
+        let theirs = LocalFileSystem::new();
+        let check = |step: String| {
+            let prefix = prefix.clone();
+            let ours = &ours;
+            let theirs = &theirs;
+            async move {
+                for last in [
+                    String::new(),
+                    commit(0),
+                    commit(3),
+                    commit(17),
+                    commit(1_100),
+                    "_commits".to_string(),
+                    "_commits/a".to_string(),
+                    "zzz".to_string(),
+                ] {
+                    let offset = prefix.clone().join(last.as_str());
+                    let want = listed(theirs, &prefix, &offset).await;
+                    let got = listed(ours, &prefix, &offset).await;
+                    assert_eq!(got, want, "{step}: after {offset}");
+                }
+                // An offset outside the folder, below and above it.
+                for offset in [Path::from("a"), Path::from("zzz/zzz")] {
+                    let want = listed(theirs, &prefix, &offset).await;
+                    let got = listed(ours, &prefix, &offset).await;
+                    assert_eq!(got, want, "{step}: after {offset}");
+                }
+            }
+        };
+        check("empty".into()).await;
+        for v in 0..20 {
+            std::fs::write(log.join(commit(v)), format!("{v}")).unwrap();
+        }
+        check("20 commits".into()).await;
+        std::fs::create_dir(log.join("_commits")).unwrap();
+        std::fs::write(log.join("_commits/b.json"), "b").unwrap();
+        std::fs::write(log.join("_last_checkpoint"), "{}").unwrap();
+        std::fs::remove_file(log.join(commit(3))).unwrap();
+        std::fs::rename(log.join(commit(4)), dir.path().join("away")).unwrap();
+        std::fs::rename(dir.path().join("away"), log.join(commit(40))).unwrap();
+        std::fs::write(log.join("00000000000000000020.json#1"), "part").unwrap();
+        std::os::unix::fs::symlink(log.join(commit(5)), log.join("link")).unwrap();
+        std::os::unix::fs::symlink(log.join("_commits"), log.join("dirlink")).unwrap();
+        std::fs::write(log.join(commit(6)), "rewritten, longer").unwrap();
+        check("changed".into()).await;
+        // Over two trims, listings from a moving start; then from below what is kept.
+        for v in 20..2_300u64 {
+            std::fs::write(log.join(commit(v)), "x").unwrap();
+            let offset = prefix.clone().join(commit(v - 5).as_str());
+            let got = listed(&ours, &prefix, &offset).await;
+            if v % 7 == 0 {
+                let want = listed(&theirs, &prefix, &offset).await;
+                assert_eq!(got, want, "at {v}");
+            }
+            if v % 100 == 0 {
+                std::fs::remove_file(log.join(commit(v - 50))).unwrap();
+            }
+        }
+        let (_, names) = super::super::followed::kept();
+        assert!(names < 1_500, "{names} names kept after trims");
+        check("after trims".into()).await;
+        // Another folder at the same path.
+        std::fs::rename(&log, dir.path().join("old log")).unwrap();
+        std::fs::create_dir(&log).unwrap();
+        std::fs::write(log.join(commit(7)), "new").unwrap();
+        check("replaced".into()).await;
+        std::fs::remove_dir_all(dir.path().join("t [1]")).unwrap();
+        check("removed".into()).await;
+        std::fs::create_dir_all(&log).unwrap();
+        std::fs::write(log.join(commit(9)), "again").unwrap();
+        check("made again".into()).await;
     }
 }

@@ -19,6 +19,20 @@
 //! pool, never on the async worker threads.
 
 mod durable_store;
+#[cfg(target_os = "linux")]
+mod followed;
+#[cfg(not(target_os = "linux"))]
+mod followed {
+    //! Folders are only followed on Linux (inotify); elsewhere every listing reads.
+    #[derive(Debug, Clone, Copy)]
+    pub(super) enum After<'a> {
+        All,
+        Name(&'a str),
+    }
+    pub(super) fn names_after(_: &std::path::Path, _: After<'_>) -> Option<Vec<String>> {
+        None
+    }
+}
 pub mod journal;
 mod local;
 mod names;
