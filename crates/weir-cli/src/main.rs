@@ -4,6 +4,7 @@ mod bench;
 mod chaos;
 mod demo;
 mod generate;
+mod malloc;
 mod pipeline;
 mod report;
 mod show;
@@ -94,6 +95,7 @@ enum CheckpointCommand {
 }
 
 fn main() -> ExitCode {
+    let malloc = malloc::limit_retention();
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
@@ -110,6 +112,7 @@ fn main() -> ExitCode {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().with_current_span(true).init(),
     }
+    tracing::debug!("{malloc}");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

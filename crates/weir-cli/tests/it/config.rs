@@ -163,3 +163,34 @@ fn the_readme_pipelines_pass_weir_check() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The binary tunes glibc's malloc at start-up (fragmentation over millions of batches)
+/// unless the environment already does, and says which in its debug log.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn the_binary_tunes_glibc_malloc_unless_the_user_did() {
+    let dir = temp_dir();
+    let missing = dir.path().join("no checkpoint");
+    let run = |tunables: Option<&str>| {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(["checkpoint", "show", missing.to_str().unwrap()])
+            .env("RUST_LOG", "weir=debug")
+            .env_remove("GLIBC_TUNABLES")
+            .env_remove("MALLOC_ARENA_MAX");
+        if let Some(t) = tunables {
+            cmd.env("GLIBC_TUNABLES", t);
+        }
+        let out = cmd.output().unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let ours = run(None);
+    assert!(
+        ours.contains("glibc malloc: fixed 128 KiB mmap threshold, one arena per core"),
+        "{ours}"
+    );
+    let theirs = run(Some("glibc.malloc.arena_max=4"));
+    assert!(
+        theirs.contains("glibc malloc tunables set in the environment: kept"),
+        "{theirs}"
+    );
+}
