@@ -19,12 +19,11 @@
 /// Large allocations from this size are mapped on their own and returned when freed.
 pub const MMAP_THRESHOLD: i32 = 128 * 1024;
 
-/// Whether the environment already tunes glibc's malloc, in which case weir leaves it be.
-fn tuned_by_user(vars: impl Iterator<Item = (String, String)>) -> bool {
-    vars.into_iter().any(|(k, v)| {
-        (k == "GLIBC_TUNABLES" && v.contains("glibc.malloc."))
-            || (k.starts_with("MALLOC_") && k.ends_with('_'))
-            || k == "MALLOC_ARENA_MAX"
+/// Whether the environment already tunes glibc's malloc (`GLIBC_TUNABLES=glibc.malloc.…`
+/// or one of glibc's older `MALLOC_*` variables), in which case weir leaves it be.
+fn tuned_by_user(mut vars: impl Iterator<Item = (String, String)>) -> bool {
+    vars.any(|(k, v)| {
+        (k == "GLIBC_TUNABLES" && v.contains("glibc.malloc.")) || k.starts_with("MALLOC_")
     })
 }
 
@@ -35,9 +34,10 @@ fn arenas(cores: usize) -> i32 {
 
 /// Applies the settings; returns what was done, for the debug log. Call it first in `main`,
 /// before any other thread starts.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
 pub fn limit_retention() -> &'static str {
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
+        return "malloc defaults (not glibc)";
+    }
     let env = std::env::vars_os().map(|(k, v)| {
         (
             k.to_string_lossy().into_owned(),
@@ -48,23 +48,28 @@ pub fn limit_retention() -> &'static str {
         return "glibc malloc tunables set in the environment: kept";
     }
     let cores = std::thread::available_parallelism().map_or(2, usize::from);
-    // SAFETY: mallopt only changes the allocator's parameters; glibc documents both
-    // parameters as settable at any time, and this runs before any other thread exists.
-    let ok = unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-            && libc::mallopt(libc::M_ARENA_MAX, arenas(cores)) == 1
-    };
-    if ok {
+    if mallopt(MMAP_THRESHOLD, arenas(cores)) {
         "glibc malloc: fixed 128 KiB mmap threshold, one arena per core"
     } else {
         "glibc malloc: mallopt refused the settings; glibc's defaults apply"
     }
 }
 
-/// Other platforms and allocators keep their defaults.
+/// Sets the mmap threshold and the arena limit; whether glibc took both.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn mallopt(mmap_threshold: i32, arenas: i32) -> bool {
+    // SAFETY: mallopt only changes the allocator's parameters; glibc documents both
+    // parameters as settable at any time, and this runs before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_threshold) == 1
+            && libc::mallopt(libc::M_ARENA_MAX, arenas) == 1
+    }
+}
+
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn limit_retention() -> &'static str {
-    "malloc defaults (not glibc)"
+fn mallopt(_mmap_threshold: i32, _arenas: i32) -> bool {
+    false
 }
 
 #[cfg(test)]
@@ -72,10 +77,7 @@ mod tests {
     use super::*;
 
     fn vars(list: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
-        list.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect::<Vec<_>>()
-            .into_iter()
+        list.iter().map(|(k, v)| (k.to_string(), v.to_string()))
     }
 
     #[test]
