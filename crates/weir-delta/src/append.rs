@@ -2,6 +2,7 @@
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deltalake::DeltaTable;
@@ -12,7 +13,10 @@ use weir_core::datafusion::prelude::DataFrame;
 use weir_core::storage::Location;
 use weir_core::{BatchContext, BoxError, ForeachBatch, fault};
 
-use crate::compact::{Compaction, batch_bytes};
+use crate::compact::{
+    Compaction, DEFAULT_DELETED_FILE_RETENTION, DELETED_FILE_RETENTION_PROPERTY, batch_bytes,
+    delta_interval,
+};
 use crate::error::DeltaSinkError;
 use crate::table::{Cached, commit_properties, note_version, prepare};
 use crate::{POINT_AFTER_COMMIT, POINT_BEFORE_COMMIT};
@@ -31,10 +35,28 @@ pub struct DeltaAppend {
     at: Location,
     app_id: Option<String>,
     allow_app_id_reuse: bool,
-    partition_by: Vec<String>,
-    target_file_size: Option<NonZeroU64>,
+    write: WriteOptions,
     compaction: Compaction,
     table: Arc<Cached>,
+}
+
+/// How a sink writes data files, and the layout and properties of a table it creates.
+#[derive(Debug, Clone)]
+pub(crate) struct WriteOptions {
+    pub partition_by: Vec<String>,
+    pub target_file_size: Option<NonZeroU64>,
+    /// `delta.deletedFileRetentionDuration` of a table the sink creates.
+    pub deleted_file_retention: Duration,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            partition_by: Vec::new(),
+            target_file_size: None,
+            deleted_file_retention: DEFAULT_DELETED_FILE_RETENTION,
+        }
+    }
 }
 
 impl DeltaAppend {
@@ -44,8 +66,7 @@ impl DeltaAppend {
             at: at.into(),
             app_id: None,
             allow_app_id_reuse: false,
-            partition_by: Vec::new(),
-            target_file_size: None,
+            write: WriteOptions::default(),
             compaction: Compaction::default(),
             table: Arc::new(Cached::new()),
         }
@@ -67,13 +88,21 @@ impl DeltaAppend {
 
     /// Partition columns for a table this sink creates.
     pub fn partition_by(mut self, cols: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        self.partition_by = cols.into_iter().map(Into::into).collect();
+        self.write.partition_by = cols.into_iter().map(Into::into).collect();
         self
     }
 
     /// The size at which delta-rs starts a new data file, in bytes.
     pub fn target_file_size(mut self, bytes: u64) -> Self {
-        self.target_file_size = NonZeroU64::new(bytes);
+        self.write.target_file_size = NonZeroU64::new(bytes);
+        self
+    }
+
+    /// How long a table this sink creates keeps tombstones of replaced files in its
+    /// checkpoints (`delta.deletedFileRetentionDuration`); default one day, see
+    /// [`crate::compact`]. An existing table keeps its own.
+    pub fn deleted_file_retention(mut self, retention: Duration) -> Self {
+        self.write.deleted_file_retention = retention;
         self
     }
 
@@ -127,16 +156,8 @@ impl DeltaAppend {
             batches.push(RecordBatch::new_empty(schema));
         }
         let bytes = batch_bytes(&batches);
-        let table = write_with_txn(
-            table,
-            batches,
-            &self.partition_by,
-            self.target_file_size,
-            &prepared.app_id,
-            &self.at,
-            id,
-        )
-        .await?;
+        let table =
+            write_with_txn(table, batches, &self.write, &prepared.app_id, &self.at, id).await?;
         ctx.metrics.add_output_rows(rows as u64);
         note_version(ctx, &sink, &table);
         let table = self
@@ -149,12 +170,12 @@ impl DeltaAppend {
 }
 
 /// Appends `batches` with the application transaction `(app_id, batch_id)` in the commit,
-/// with fault points before and after the commit.
+/// with fault points before and after the commit. The first write creates the table with
+/// the options' table properties.
 pub(crate) async fn write_with_txn(
     table: DeltaTable,
     batches: Vec<RecordBatch>,
-    partition_by: &[String],
-    target_file_size: Option<NonZeroU64>,
+    options: &WriteOptions,
     app_id: &str,
     at: &Location,
     batch_id: u64,
@@ -166,15 +187,22 @@ pub(crate) async fn write_with_txn(
     };
     fault::hit(POINT_BEFORE_COMMIT, batch_id).map_err(engine)?;
     let txn = Transaction::new(app_id, batch_id as i64);
+    let creates = table.version().is_none();
     let mut write = table
         .write(batches)
         .with_save_mode(SaveMode::Append)
         .with_commit_properties(commit_properties().with_application_transaction(txn));
-    if !partition_by.is_empty() {
-        write = write.with_partition_columns(partition_by.to_vec());
+    if creates {
+        write = write.with_configuration([(
+            DELETED_FILE_RETENTION_PROPERTY,
+            Some(delta_interval(options.deleted_file_retention)),
+        )]);
     }
-    if target_file_size.is_some() {
-        write = write.with_target_file_size(target_file_size);
+    if !options.partition_by.is_empty() {
+        write = write.with_partition_columns(options.partition_by.clone());
+    }
+    if options.target_file_size.is_some() {
+        write = write.with_target_file_size(options.target_file_size);
     }
     let table = write.await.map_err(|source| DeltaSinkError::Delta {
         table: at.to_string(),

@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use deltalake::DeltaTable;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
@@ -26,6 +27,22 @@ use crate::table::commit_properties;
 pub const SMALL_BATCH_BYTES: usize = 8 << 20;
 /// Small batches between automatic compactions.
 pub const AUTO_AFTER_SMALL_BATCHES: u64 = 100;
+
+/// How long a table a sink creates keeps the tombstones of replaced files in its checkpoints.
+pub const DEFAULT_DELETED_FILE_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// The table property that holds the tombstone retention.
+pub const DELETED_FILE_RETENTION_PROPERTY: &str = "delta.deletedFileRetentionDuration";
+
+/// `retention` as a Delta interval (`interval 86400 seconds`), which delta-rs and Spark read.
+pub fn delta_interval(retention: Duration) -> String {
+    let ms = retention.as_millis();
+    if ms.is_multiple_of(1000) {
+        format!("interval {} seconds", ms / 1000)
+    } else {
+        format!("interval {ms} milliseconds")
+    }
+}
 
 /// When a sink compacts its table.
 #[derive(Debug, Clone)]
@@ -123,7 +140,10 @@ mod tests {
     use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema};
     use weir_core::datafusion::arrow::record_batch::RecordBatch;
 
-    use super::{AUTO_AFTER_SMALL_BATCHES, Compaction, SMALL_BATCH_BYTES, batch_bytes};
+    use super::{
+        AUTO_AFTER_SMALL_BATCHES, Compaction, DEFAULT_DELETED_FILE_RETENTION, SMALL_BATCH_BYTES,
+        batch_bytes, delta_interval,
+    };
 
     fn batch(rows: usize) -> usize {
         let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
@@ -154,5 +174,19 @@ mod tests {
         assert_eq!(due, vec![2, 5, 8]);
         let off = Compaction::every(0);
         assert!((0..300).all(|id| !off.due(id, batch(1))));
+    }
+
+    #[test]
+    fn retentions_are_written_as_delta_intervals() {
+        use std::time::Duration;
+        assert_eq!(
+            delta_interval(DEFAULT_DELETED_FILE_RETENTION),
+            "interval 86400 seconds"
+        );
+        assert_eq!(delta_interval(Duration::ZERO), "interval 0 seconds");
+        assert_eq!(
+            delta_interval(Duration::from_millis(1500)),
+            "interval 1500 milliseconds"
+        );
     }
 }

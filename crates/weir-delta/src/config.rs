@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use weir_core::connector::{
-    BuildEnv, QueryIdentity, Relocation, SinkShape, SinkSpec, SinkVerifier, Verdict,
+    BuildEnv, DurationText, QueryIdentity, Relocation, SinkShape, SinkSpec, SinkVerifier, Verdict,
 };
 use weir_core::datafusion::arrow::compute::cast;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
@@ -27,6 +27,8 @@ use crate::{DELTA_POINTS, DeltaAppend, DeltaMerge};
 /// partition-by = ["day"]
 /// optimize-every = 0                # compaction: default after every 100 small batches
 ///                                   # (under 8 MiB); N: after every N batches; 0: off
+/// deleted-file-retention = "7d"     # delta.deletedFileRetentionDuration of a table the
+///                                   # sink creates (default 1d; see weir_delta::compact)
 /// ```
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -42,6 +44,8 @@ pub struct DeltaAppendConfig {
     pub target_file_size: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimize_every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_file_retention: Option<DurationText>,
 }
 
 /// `[[sink]] type = "delta-merge"`.
@@ -54,6 +58,8 @@ pub struct DeltaAppendConfig {
 /// ordering = "updated_at"
 /// null-keys = "error"               # or "drop"
 /// null-ordering = "error"           # or "oldest"
+/// optimize-every = 0                # as for delta-append
+/// deleted-file-retention = "7d"     # as for delta-append
 /// ```
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -79,6 +85,8 @@ pub struct DeltaMergeConfig {
     pub null_keys: Option<NullKeys>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub null_ordering: Option<NullOrdering>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_file_retention: Option<DurationText>,
 }
 
 impl DeltaAppendConfig {
@@ -95,6 +103,9 @@ impl DeltaAppendConfig {
         }
         if let Some(n) = self.optimize_every {
             d = d.optimize_every(n);
+        }
+        if let Some(r) = self.deleted_file_retention {
+            d = d.deleted_file_retention(r.0);
         }
         Ok(d)
     }
@@ -124,6 +135,9 @@ impl DeltaMergeConfig {
         }
         if let Some(n) = self.optimize_every {
             d = d.optimize_every(n);
+        }
+        if let Some(r) = self.deleted_file_retention {
+            d = d.deleted_file_retention(r.0);
         }
         d.check()
             .map_err(|e| Error::config("sink", weir_core::sink::error_chain(&e)))?;

@@ -16,7 +16,7 @@ use weir_core::{
     BatchContext, BoxError, ForeachBatch, NullKeys, NullOrdering, SinkMetric, dedupe_latest, fault,
 };
 
-use crate::append::write_with_txn;
+use crate::append::{WriteOptions, write_with_txn};
 use crate::compact::{Compaction, batch_bytes};
 use crate::error::DeltaSinkError;
 use crate::table::{Cached, commit_properties, note_version, prepare};
@@ -50,7 +50,7 @@ pub struct DeltaMerge {
     dedupe: bool,
     update_condition: Option<String>,
     prune_by: Option<String>,
-    partition_by: Vec<String>,
+    write: WriteOptions,
     compaction: Compaction,
     null_keys: NullKeys,
     null_ordering: NullOrdering,
@@ -73,7 +73,7 @@ impl DeltaMerge {
             dedupe: true,
             update_condition: None,
             prune_by: None,
-            partition_by: Vec::new(),
+            write: WriteOptions::default(),
             compaction: Compaction::default(),
             null_keys: NullKeys::Error,
             null_ordering: NullOrdering::Error,
@@ -115,7 +115,15 @@ impl DeltaMerge {
 
     /// Partition columns for a table this sink creates.
     pub fn partition_by(mut self, cols: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        self.partition_by = cols.into_iter().map(Into::into).collect();
+        self.write.partition_by = cols.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// How long a table this sink creates keeps tombstones of replaced files in its
+    /// checkpoints (`delta.deletedFileRetentionDuration`); default one day, see
+    /// [`crate::compact`]. An existing table keeps its own.
+    pub fn deleted_file_retention(mut self, retention: std::time::Duration) -> Self {
+        self.write.deleted_file_retention = retention;
         self
     }
 
@@ -242,15 +250,7 @@ impl DeltaMerge {
         let app_id = prepared.app_id;
         let before = table.version();
         let commit = |table, batches: Vec<RecordBatch>| {
-            write_with_txn(
-                table,
-                batches,
-                &self.partition_by,
-                None,
-                &app_id,
-                &self.at,
-                id,
-            )
+            write_with_txn(table, batches, &self.write, &app_id, &self.at, id)
         };
         if before.is_some()
             && let Ok(snap) = table.snapshot()

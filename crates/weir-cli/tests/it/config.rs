@@ -22,6 +22,11 @@ fn bad_pipelines_are_refused_naming_the_key() {
             "[[sink]]\ntype = \"parquet\"\npath = \"in\"\n",
             "same folder",
         ),
+        (
+            // serde's tagged enums lose the key: the line of the sink and the value it is.
+            "[[sink]]\ntype = \"delta-append\"\npath = \"t\"\ndeleted-file-retention = \"1 week\"\n",
+            "'1 week' is not a duration",
+        ),
     ];
     for (sinks, want) in cases {
         let p = pipeline(dir.path(), sinks);

@@ -459,3 +459,119 @@ async fn tables_in_folders_with_brackets_and_spaces_take_appends_merges_and_repl
     assert_eq!(table_rows(&raw).await, vec!["1|a", "1|c", "2|b"]);
     assert_eq!(table_rows(&latest).await, vec!["1|c", "2|b"]);
 }
+
+/// Removes (tombstones) in the newest checkpoint of the table at `at`, after writing one.
+async fn tombstones_in_a_new_checkpoint(at: &Location) -> i64 {
+    let t = weir_delta::open(at, 0).await.unwrap();
+    weir_delta::deltalake::checkpoints::create_checkpoint(&t, None)
+        .await
+        .unwrap();
+    let version = t.version().unwrap();
+    let file = at
+        .local_path()
+        .unwrap()
+        .join(format!("_delta_log/{version:020}.checkpoint.parquet"));
+    let c = SessionContext::new();
+    c.register_parquet("cp", file.to_str().unwrap(), Default::default())
+        .await
+        .unwrap();
+    let rows = weir_testkit::rows(
+        c.sql("select count(*) from cp where remove is not null")
+            .await
+            .unwrap(),
+    )
+    .await;
+    rows[0].parse().unwrap()
+}
+
+fn retention_property(t: &weir_delta::deltalake::DeltaTable) -> Option<String> {
+    t.snapshot()
+        .unwrap()
+        .metadata()
+        .configuration()
+        .get(weir_delta::compact::DELETED_FILE_RETENTION_PROPERTY)
+        .cloned()
+}
+
+/// Compaction leaves a tombstone per replaced file; a table the sink creates keeps them in
+/// its checkpoints for one day by default, and for the retention the sink is given, so a
+/// long-running query's checkpoints stop growing. An existing table keeps its own property.
+#[tokio::test]
+async fn created_tables_carry_the_tombstone_retention_and_checkpoints_drop_expired_ones() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let kept_at = Location::local(dir.path().join("kept"));
+    let short_at = Location::local(dir.path().join("short"));
+    let merge_at = Location::local(dir.path().join("merge"));
+    let kept = DeltaAppend::new(kept_at.clone()).optimize_every(3);
+    let short = DeltaAppend::new(short_at.clone())
+        .optimize_every(3)
+        .deleted_file_retention(Duration::ZERO);
+    let merge = DeltaMerge::new(merge_at.clone(), ["order_id"], "updated_at")
+        .deleted_file_retention(Duration::from_secs(3600));
+    let q = uuid::Uuid::new_v4();
+    for id in 0..6u64 {
+        let i = id as i64;
+        kept.call(df(&[(i, "a", i)]), ctx(q, id)).await.unwrap();
+        short.call(df(&[(i, "a", i)]), ctx(q, id)).await.unwrap();
+        merge.call(df(&[(0, "a", i)]), ctx(q, id)).await.unwrap();
+    }
+    let open = |at: Location| async move { weir_delta::open(&at, 0).await.unwrap() };
+    assert_eq!(
+        retention_property(&open(kept_at.clone()).await).as_deref(),
+        Some("interval 86400 seconds")
+    );
+    assert_eq!(
+        retention_property(&open(short_at.clone()).await).as_deref(),
+        Some("interval 0 seconds")
+    );
+    assert_eq!(
+        retention_property(&open(merge_at.clone()).await).as_deref(),
+        Some("interval 3600 seconds")
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let removes_in_commits = |at: &Location| {
+        let log = at.local_path().unwrap().join("_delta_log");
+        std::fs::read_dir(log)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap()
+                    .lines()
+                    .filter(|l| l.starts_with("{\"remove\""))
+                    .count() as i64
+            })
+            .sum::<i64>()
+    };
+    let made = removes_in_commits(&kept_at);
+    assert!(made >= 6, "two compactions of at least three files: {made}");
+    assert_eq!(
+        tombstones_in_a_new_checkpoint(&kept_at).await,
+        made,
+        "every tombstone is within the default retention"
+    );
+    assert!(removes_in_commits(&short_at) >= 6);
+    assert_eq!(
+        tombstones_in_a_new_checkpoint(&short_at).await,
+        0,
+        "expired tombstones are left out of the checkpoint"
+    );
+    for at in [&kept_at, &short_at] {
+        let mut rows = table_rows(at).await;
+        rows.sort();
+        assert_eq!(rows, ["0|a", "1|a", "2|a", "3|a", "4|a", "5|a"], "{at}");
+        assert_eq!(
+            recorded_version(at, &ctx(q, 0).app_id()).await.unwrap(),
+            Some(5)
+        );
+    }
+    // A sink with another retention on the existing table writes without changing it.
+    let other = DeltaAppend::new(kept_at.clone()).deleted_file_retention(Duration::ZERO);
+    other.call(df(&[(6, "a", 6)]), ctx(q, 6)).await.unwrap();
+    assert_eq!(
+        retention_property(&open(kept_at.clone()).await).as_deref(),
+        Some("interval 86400 seconds")
+    );
+}
