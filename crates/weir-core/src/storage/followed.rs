@@ -23,6 +23,13 @@
 //! lowest name any of those listings started after are let go (a later listing from below
 //! them reads the folder again), so a Delta log keeps about the names since its last
 //! checkpoint, not its whole history.
+//!
+//! A folder whose new files arrive under any name (a file source's input) is listed with
+//! [`created_since`]: the first listing gives every entry and a [`Cursor`], the next ones
+//! only the entries created or moved in since the cursor, from a journal of creations the
+//! folder keeps once such a listing asked for it. The journal is emptied by each listing and
+//! dropped past [`MAX_JOURNAL`] entries; a cursor that does not match it (another reader, a
+//! dropped journal, a folder read afresh) gets every entry again, never fewer.
 
 use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
@@ -31,6 +38,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use rustix::io::Errno;
@@ -56,6 +64,21 @@ const LOCAL_FILE_SYSTEMS: [u32; 11] = [
     0x3153_464A,
     0x5265_4973,
 ];
+
+/// Creations a folder keeps for [`created_since`] between two listings; past this the journal
+/// is dropped and the next listing gives every entry.
+pub(super) const MAX_JOURNAL: usize = 100_000;
+
+/// Numbers each reading of a folder, so that a cursor from an earlier one never matches.
+static EPOCHS: AtomicU64 = AtomicU64::new(1);
+
+/// Where a reader of a folder's new entries stands: the reading of the folder it listed and
+/// how many creations since it were handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    epoch: u64,
+    handed_out: u64,
+}
 
 /// Where a listing starts.
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +106,26 @@ pub(super) fn names_after(dir: &Path, after: After<'_>) -> Option<Vec<String>> {
         Err(_) => {
             // The event queue could not be read: forget everything (closing the descriptor
             // removes the watches) and start again on the next listing.
+            *state = Follower::NotStarted;
+            None
+        }
+    }
+}
+
+/// The names of `dir`'s entries other than folders created (or moved in) since `cursor`, or
+/// of all of them when the cursor is `None` or no longer matches, with the cursor for the
+/// next listing. `None` when the folder is not followed: read it instead.
+pub(super) fn created_since(dir: &Path, cursor: Option<Cursor>) -> Option<(Vec<String>, Cursor)> {
+    let mut state = FOLLOWER.lock().ok()?;
+    if matches!(*state, Follower::NotStarted) {
+        *state = Follower::start();
+    }
+    let Follower::Running(f) = &mut *state else {
+        return None;
+    };
+    match f.created_since(dir, cursor) {
+        Ok(listed) => listed,
+        Err(_) => {
             *state = Follower::NotStarted;
             None
         }
@@ -134,6 +177,13 @@ struct Folder {
     lowest: Option<String>,
     listings: u32,
     last_used: u64,
+    /// This reading of the folder (see [`EPOCHS`]).
+    epoch: u64,
+    /// Entries other than folders created since the last [`created_since`] listing; `None`
+    /// until one asks.
+    journal: Option<Vec<String>>,
+    /// Creations handed out or dropped before the journal's first.
+    journal_base: u64,
 }
 
 impl Folder {
@@ -144,6 +194,11 @@ impl Folder {
         self.floor = None;
         self.lowest = None;
         self.listings = 0;
+        self.epoch = EPOCHS.fetch_add(1, Ordering::Relaxed);
+        if let Some(j) = &mut self.journal {
+            j.clear();
+        }
+        self.journal_base = 0;
     }
 
     /// Reads the folder afresh. `None` if it cannot be kept (a name that is not UTF-8, which
@@ -164,6 +219,14 @@ impl Folder {
     }
 
     fn created(&mut self, name: &str, is_dir: bool) {
+        if !is_dir && let Some(j) = &mut self.journal {
+            if j.len() >= MAX_JOURNAL {
+                // Nobody listed for a long while: the next listing gives everything.
+                self.journal_base += j.len() as u64;
+                j.clear();
+            }
+            j.push(name.to_string());
+        }
         let is_file = !is_dir
             && std::fs::symlink_metadata(self.path.join(name)).map_or(true, |m| m.is_file());
         if is_file {
@@ -209,11 +272,14 @@ impl Folder {
 impl Folders {
     fn names_after(&mut self, dir: &Path, after: After<'_>) -> Result<Option<Vec<String>>, Errno> {
         self.drain()?;
-        let Ok(meta) = std::fs::metadata(dir) else {
-            return Ok(None);
-        };
+        Ok(self.followed(dir).and_then(|wd| self.list(wd, after)))
+    }
+
+    /// The watch of `dir`, started if need be; `None` if it cannot be followed.
+    fn followed(&mut self, dir: &Path) -> Option<i32> {
+        let meta = std::fs::metadata(dir).ok()?;
         if !meta.is_dir() {
-            return Ok(None);
+            return None;
         }
         self.clock += 1;
         let found = self
@@ -221,19 +287,56 @@ impl Folders {
             .iter()
             .find(|(_, f)| f.path == dir)
             .map(|(wd, f)| (*wd, f.dev == meta.dev() && f.ino == meta.ino()));
-        let wd = match found {
-            Some((wd, true)) => wd,
+        match found {
+            Some((wd, true)) => Some(wd),
             Some((wd, false)) => {
                 // Another folder now sits at this path.
                 self.unwatch(wd);
-                return Ok(self.watch(dir, &meta).and_then(|wd| self.list(wd, after)));
+                self.watch(dir, &meta)
             }
-            None => match self.watch(dir, &meta) {
-                Some(wd) => wd,
-                None => return Ok(None),
-            },
+            None => self.watch(dir, &meta),
+        }
+    }
+
+    fn created_since(
+        &mut self,
+        dir: &Path,
+        cursor: Option<Cursor>,
+    ) -> Result<Option<(Vec<String>, Cursor)>, Errno> {
+        self.drain()?;
+        let Some(wd) = self.followed(dir) else {
+            return Ok(None);
         };
-        Ok(self.list(wd, after))
+        let clock = self.clock;
+        let Some(f) = self.by_watch.get_mut(&wd) else {
+            return Ok(None);
+        };
+        f.last_used = clock;
+        let whole = !f.valid || f.floor.is_some();
+        if whole && f.read().is_none() {
+            f.forget();
+            return Ok(None);
+        }
+        let journal = f.journal.get_or_insert_with(Vec::new);
+        let since = Cursor {
+            epoch: f.epoch,
+            handed_out: f.journal_base,
+        };
+        // Whatever leaves the journal moves its base, so only the reader that took the
+        // journal's previous contents still matches it.
+        f.journal_base += journal.len() as u64;
+        let names = if !whole && cursor == Some(since) {
+            std::mem::take(journal)
+        } else {
+            journal.clear();
+            f.note_listing(After::All);
+            f.files.iter().chain(f.others.iter()).cloned().collect()
+        };
+        let next = Cursor {
+            epoch: f.epoch,
+            handed_out: f.journal_base,
+        };
+        Ok(Some((names, next)))
     }
 
     fn list(&mut self, wd: i32, after: After<'_>) -> Option<Vec<String>> {
@@ -296,6 +399,9 @@ impl Folders {
             lowest: None,
             listings: 0,
             last_used: 0,
+            epoch: EPOCHS.fetch_add(1, Ordering::Relaxed),
+            journal: None,
+            journal_base: 0,
         });
         folder.path = dir.to_path_buf();
         Some(wd)
@@ -370,5 +476,118 @@ pub(super) fn kept() -> (usize, usize) {
                 .sum(),
         ),
         _ => (0, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use super::{Cursor, created_since};
+
+    /// What `list_names` gives: every entry but folders.
+    fn present(dir: &Path) -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| !e.file_type().unwrap().is_dir())
+            .map(|e| e.file_name().into_string().unwrap())
+            .collect()
+    }
+
+    fn since(dir: &Path, cursor: Option<Cursor>) -> (BTreeSet<String>, Cursor) {
+        let (names, next) = created_since(dir, cursor).expect("a temp folder is followed");
+        (names.into_iter().collect(), next)
+    }
+
+    /// After the first listing only new entries come back, and a reader that takes every
+    /// listing has been given every file the folder holds, whatever happened to it.
+    #[test]
+    fn listings_since_a_cursor_give_the_new_entries_and_never_miss_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in [raw] é");
+        std::fs::create_dir(&input).unwrap();
+        for n in ["a[1].json", "space 1.json", "ü (copy).json"] {
+            std::fs::write(input.join(n), n).unwrap();
+        }
+        std::fs::create_dir(input.join("sub")).unwrap();
+        let (first, c1) = since(&input, None);
+        let mut want = present(&input);
+        want.insert("sub".into());
+        assert_eq!(first, want, "the first listing gives everything");
+        let (nothing, c2) = since(&input, Some(c1));
+        assert!(nothing.is_empty(), "{nothing:?}");
+
+        std::fs::write(input.join("b[2].json"), "b").unwrap();
+        std::fs::write(dir.path().join("outside.json"), "o").unwrap();
+        std::fs::rename(dir.path().join("outside.json"), input.join("moved in.json")).unwrap();
+        std::os::unix::fs::symlink(input.join("a[1].json"), input.join("link.json")).unwrap();
+        std::fs::create_dir(input.join("sub2")).unwrap();
+        std::fs::remove_file(input.join("space 1.json")).unwrap();
+        std::fs::write(input.join("gone.json"), "g").unwrap();
+        std::fs::remove_file(input.join("gone.json")).unwrap();
+        let (new, c3) = since(&input, Some(c2));
+        let want: BTreeSet<String> = ["b[2].json", "moved in.json", "link.json", "gone.json"]
+            .map(String::from)
+            .into();
+        assert_eq!(new, want, "creations, moves in and links; no folders");
+
+        // A stale cursor, or another reader's listing in between, gives everything again.
+        let (all, _) = since(&input, Some(c1));
+        assert!(all.is_superset(&present(&input)), "{all:?}");
+        std::fs::write(input.join("c.json"), "c").unwrap();
+        let (_, other) = since(&input, None);
+        let (all, c4) = since(&input, Some(c3));
+        assert!(all.is_superset(&present(&input)), "{all:?}");
+        assert_ne!(Some(other), None);
+
+        // Random changes: what a reader was given always covers what is there.
+        let mut handed: BTreeSet<String> = all;
+        let mut cursor = c4;
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for step in 0..600u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let name = format!("f {} [{}].json", x % 97, step % 3);
+            match x % 5 {
+                0 | 1 => std::fs::write(input.join(&name), "x").unwrap(),
+                2 => {
+                    let _ = std::fs::remove_file(input.join(&name));
+                }
+                3 => {
+                    std::fs::write(dir.path().join("tmp"), "t").unwrap();
+                    std::fs::rename(dir.path().join("tmp"), input.join(&name)).unwrap();
+                }
+                _ => {
+                    if input.join(&name).exists() {
+                        std::fs::rename(input.join(&name), dir.path().join("away")).unwrap();
+                    }
+                }
+            }
+            // Deleted and created again: given again, as a new file.
+            if x % 7 == 0 {
+                let again = format!("f {} [{}].json", (x >> 8) % 97, step % 3);
+                if handed.contains(&again) && input.join(&again).exists() {
+                    std::fs::remove_file(input.join(&again)).unwrap();
+                    handed.remove(&again);
+                    std::fs::write(input.join(&again), "again").unwrap();
+                }
+            }
+            if step % 4 == 0 {
+                let (new, next) = since(&input, Some(cursor));
+                handed.extend(new);
+                cursor = next;
+                let missed: Vec<_> = present(&input).difference(&handed).cloned().collect();
+                assert!(missed.is_empty(), "step {step}: never given {missed:?}");
+            }
+        }
+        // The folder replaced by another at the same path: everything, afresh.
+        std::fs::rename(&input, dir.path().join("old")).unwrap();
+        std::fs::create_dir(&input).unwrap();
+        std::fs::write(input.join("fresh.json"), "f").unwrap();
+        let (all, _) = since(&input, Some(cursor));
+        assert_eq!(all, present(&input));
     }
 }

@@ -32,6 +32,14 @@ mod followed {
     pub(super) fn names_after(_: &std::path::Path, _: After<'_>) -> Option<Vec<String>> {
         None
     }
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Cursor;
+    pub(super) fn created_since(
+        _: &std::path::Path,
+        _: Option<Cursor>,
+    ) -> Option<(Vec<String>, Cursor)> {
+        None
+    }
 }
 pub mod journal;
 mod local;
@@ -51,6 +59,8 @@ use url::Url;
 use crate::error::{Error, Result};
 
 pub use durable_store::DurableLocalStore;
+/// Where [`Location::list_new_names`] left off.
+pub use followed::Cursor as ListingCursor;
 pub use names::{is_hidden, percent_decode, percent_encode};
 pub use options::StorageOptions;
 pub use remote::object_store_for;
@@ -462,6 +472,25 @@ impl Location {
             }
             Backend::Remote { .. } => Ok(self.list().await?.into_iter().map(|m| m.name).collect()),
         }
+    }
+
+    /// The names [`Self::list_names`] gives, or, for a local folder followed with inotify
+    /// after the first such listing, only the names created or moved in since `cursor`
+    /// (which this updates). Callers must treat a name as possibly seen before: after any
+    /// event the follower cannot account for, every name is given again.
+    pub async fn list_new_names(&self, cursor: &mut Option<ListingCursor>) -> Result<Vec<String>> {
+        if let Backend::Local(p) = &self.backend {
+            let p = p.clone();
+            let from = *cursor;
+            if let Some((names, next)) =
+                blocking(move || Ok(followed::created_since(&p, from))).await?
+            {
+                *cursor = Some(next);
+                return Ok(names);
+            }
+        }
+        *cursor = None;
+        self.list_names().await
     }
 
     /// Deletes `name`; a missing file is not an error.

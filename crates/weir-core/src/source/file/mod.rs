@@ -14,7 +14,9 @@
 //!
 //! Per batch the work does not grow with history: a listing is kept as a queue of files
 //! not yet taken and the folder is listed again only when the queue is empty; only new
-//! names are looked at (`stat`/`HEAD`). What the source remembers, the files already
+//! names are looked at (`stat`/`HEAD`). A local folder is followed with inotify after its
+//! first listing (on local file systems), so a later listing costs the files created since,
+//! not every file the folder holds; elsewhere each listing reads the whole folder. What the source remembers, the files already
 //! taken, is bounded by `max_file_age` (files older than that, relative to the newest file
 //! seen, are forgotten and ignored, as Spark's `maxFileAge`) and by `clean_source` (files of
 //! committed batches are deleted or archived, then forgotten, as Spark's `cleanSource`).
@@ -41,7 +43,7 @@ use super::decode::{BadRecordMode, output_schema};
 use super::{ReadLimit, Source, SourceInit, SourceOffset};
 use crate::checkpoint::retention::{Purge, log_keep_from, purge};
 use crate::error::{Error, Result};
-use crate::storage::{FileMeta, Location, blocking, is_hidden};
+use crate::storage::{FileMeta, ListingCursor, Location, blocking, is_hidden};
 pub use config::{CleanName, FilesConfig, FormatName};
 pub use log::FileEntry;
 use log::{COMPACT_INTERVAL, entry_name};
@@ -124,6 +126,8 @@ struct State {
     newest_timestamp: i64,
     /// Listed, not yet taken, in the order to take them.
     queue: VecDeque<FileMeta>,
+    /// Where the last listing of a followed local folder left off.
+    listing: Option<ListingCursor>,
     /// For AvailableNow: the names present when the query started, not yet taken.
     available_now: Option<HashSet<String>>,
     /// Rows that failed to parse in the last read (PERMISSIVE / DROPMALFORMED).
@@ -266,9 +270,13 @@ impl FileSource {
                 .collect();
             Ok((fresh, st.newest_timestamp))
         };
-        // Locally a listing gives names only: stat just the new ones.
+        // Locally a listing gives names only (after the first, only the names created since,
+        // when the folder can be followed): stat just the new ones.
         let (metas, newest): (Vec<FileMeta>, i64) = if dir.is_local() {
-            let (names, newest) = unknown(dir.list_names().await?)?;
+            let mut cursor = self.lock()?.listing;
+            let listed = dir.list_new_names(&mut cursor).await?;
+            self.lock()?.listing = cursor;
+            let (names, newest) = unknown(listed)?;
             let mut out = Vec::with_capacity(names.len());
             for n in names {
                 if let Some(m) = dir.head(&n).await? {
