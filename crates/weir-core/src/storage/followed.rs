@@ -25,11 +25,12 @@
 //! checkpoint, not its whole history.
 //!
 //! A folder whose new files arrive under any name (a file source's input) is listed with
-//! [`created_since`]: the first listing gives every entry and a [`Cursor`], the next ones
-//! only the entries created or moved in since the cursor, from a journal of creations the
-//! folder keeps once such a listing asked for it. The journal is emptied by each listing and
-//! dropped past [`MAX_JOURNAL`] entries; a cursor that does not match it (another reader, a
-//! dropped journal, a folder read afresh) gets every entry again, never fewer.
+//! [`created_since`]: the first listing reads every entry and gives a [`Cursor`], the next
+//! ones only the entries created or moved in since the cursor, from a journal of creations
+//! the folder keeps once such a listing asked for it. No other name of such a folder is
+//! kept. The journal is emptied by each listing and dropped past [`MAX_JOURNAL`] entries; a
+//! cursor that does not match it (another reader, a dropped journal, a queue overflow, a
+//! replaced folder) gets every entry again, never fewer.
 
 use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
@@ -187,13 +188,19 @@ struct Folder {
 }
 
 impl Folder {
-    fn forget(&mut self) {
+    /// Drops the names kept for [`names_after`]; the journal goes on.
+    fn forget_names(&mut self) {
         self.valid = false;
         self.files.clear();
         self.others.clear();
         self.floor = None;
         self.lowest = None;
         self.listings = 0;
+    }
+
+    /// Drops everything known of the folder: after this no cursor matches it.
+    fn forget(&mut self) {
+        self.forget_names();
         self.epoch = EPOCHS.fetch_add(1, Ordering::Relaxed);
         if let Some(j) = &mut self.journal {
             j.clear();
@@ -204,7 +211,7 @@ impl Folder {
     /// Reads the folder afresh. `None` if it cannot be kept (a name that is not UTF-8, which
     /// the caller's own read reports).
     fn read(&mut self) -> Option<()> {
-        self.forget();
+        self.forget_names();
         for entry in std::fs::read_dir(&self.path).ok()? {
             let entry = entry.ok()?;
             let name = entry.file_name().into_string().ok()?;
@@ -226,6 +233,9 @@ impl Folder {
                 j.clear();
             }
             j.push(name.to_string());
+        }
+        if !self.valid {
+            return;
         }
         let is_file = !is_dir
             && std::fs::symlink_metadata(self.path.join(name)).map_or(true, |m| m.is_file());
@@ -267,6 +277,20 @@ impl Folder {
             self.listings = 0;
         }
     }
+}
+
+/// The names of the folder's entries other than sub-folders; `None` if it cannot be read or
+/// a name is not UTF-8 (the caller's own read reports it).
+fn read_names(dir: &Path) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).ok()? {
+        let entry = entry.ok()?;
+        if entry.file_type().ok()?.is_dir() {
+            continue;
+        }
+        out.push(entry.file_name().into_string().ok()?);
+    }
+    Some(out)
 }
 
 impl Folders {
@@ -312,11 +336,6 @@ impl Folders {
             return Ok(None);
         };
         f.last_used = clock;
-        let whole = !f.valid || f.floor.is_some();
-        if whole && f.read().is_none() {
-            f.forget();
-            return Ok(None);
-        }
         let journal = f.journal.get_or_insert_with(Vec::new);
         let since = Cursor {
             epoch: f.epoch,
@@ -325,12 +344,25 @@ impl Folders {
         // Whatever leaves the journal moves its base, so only the reader that took the
         // journal's previous contents still matches it.
         f.journal_base += journal.len() as u64;
-        let names = if !whole && cursor == Some(since) {
+        let names = if cursor == Some(since) {
             std::mem::take(journal)
         } else {
+            // Everything, read now: the watch is older than this read, so whatever changes
+            // from here on reaches the journal. The names are not kept (an input folder may
+            // hold millions), unless listings from a name keep them anyway.
             journal.clear();
-            f.note_listing(After::All);
-            f.files.iter().chain(f.others.iter()).cloned().collect()
+            if f.valid && f.floor.is_none() {
+                f.note_listing(After::All);
+                f.files.iter().chain(f.others.iter()).cloned().collect()
+            } else {
+                match read_names(&f.path) {
+                    Some(names) => names,
+                    None => {
+                        f.forget();
+                        return Ok(None);
+                    }
+                }
+            }
         };
         let next = Cursor {
             epoch: f.epoch,
@@ -443,7 +475,7 @@ impl Folders {
                 f.forget();
                 continue;
             }
-            if !f.valid {
+            if !f.valid && f.journal.is_none() {
                 continue;
             }
             let Some(name) = ev.file_name().and_then(|n| n.to_str().ok()) else {
@@ -461,6 +493,19 @@ impl Folders {
             self.unwatch(wd);
         }
         Ok(())
+    }
+}
+
+/// How many names are kept for `dir` besides its journal (for tests).
+#[cfg(test)]
+pub(super) fn kept_for(dir: &Path) -> Option<usize> {
+    match FOLLOWER.lock().as_deref() {
+        Ok(Follower::Running(f)) => f
+            .by_watch
+            .values()
+            .find(|f| f.path == dir)
+            .map(|f| f.files.len() + f.others.len()),
+        _ => None,
     }
 }
 
@@ -513,11 +558,18 @@ mod tests {
         }
         std::fs::create_dir(input.join("sub")).unwrap();
         let (first, c1) = since(&input, None);
-        let mut want = present(&input);
-        want.insert("sub".into());
-        assert_eq!(first, want, "the first listing gives everything");
+        assert_eq!(
+            first,
+            present(&input),
+            "the first listing gives everything but folders"
+        );
         let (nothing, c2) = since(&input, Some(c1));
         assert!(nothing.is_empty(), "{nothing:?}");
+        assert_eq!(
+            super::kept_for(&input),
+            Some(0),
+            "an input folder's names are not kept"
+        );
 
         std::fs::write(input.join("b[2].json"), "b").unwrap();
         std::fs::write(dir.path().join("outside.json"), "o").unwrap();
@@ -587,7 +639,16 @@ mod tests {
         std::fs::rename(&input, dir.path().join("old")).unwrap();
         std::fs::create_dir(&input).unwrap();
         std::fs::write(input.join("fresh.json"), "f").unwrap();
-        let (all, _) = since(&input, Some(cursor));
+        let (all, c5) = since(&input, Some(cursor));
+        assert_eq!(all, present(&input));
+        // A name that is not UTF-8 cannot be handed out: the caller reads, and reports it.
+        use std::os::unix::ffi::OsStrExt;
+        let bad = input.join(std::ffi::OsStr::from_bytes(b"bad \xff.json"));
+        std::fs::write(&bad, "b").unwrap();
+        assert!(created_since(&input, Some(c5)).is_none());
+        assert!(created_since(&input, None).is_none());
+        std::fs::remove_file(&bad).unwrap();
+        let (all, _) = since(&input, None);
         assert_eq!(all, present(&input));
     }
 }
