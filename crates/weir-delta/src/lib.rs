@@ -30,6 +30,7 @@ mod append;
 pub mod compact;
 mod config;
 mod error;
+mod log_cleanup;
 mod merge;
 mod store;
 mod table;

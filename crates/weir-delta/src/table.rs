@@ -5,8 +5,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use deltalake::kernel::transaction::CommitProperties;
-use deltalake::protocol::checkpoints::cleanup_metadata;
-use deltalake::table::config::TablePropertiesExt;
 use deltalake::{DeltaTable, DeltaTableBuilder};
 use futures::TryStreamExt;
 use tokio::sync::Mutex;
@@ -15,6 +13,7 @@ use weir_core::storage::Location;
 use weir_core::{BatchContext, SinkMetric};
 
 use crate::error::DeltaSinkError;
+use crate::log_cleanup::LogCleanup;
 use crate::store;
 
 /// Opens the table at `at` (which may not exist yet: the first write creates it).
@@ -154,7 +153,8 @@ pub(crate) const RELOAD_EVERY_VERSIONS: u64 = 100;
 /// cleanup, which lists the whole `_delta_log` folder after each commit (a cost that grew
 /// with every batch until the log retention, 30 days by default, let files go). The
 /// cleanup runs instead when the cached table is loaded afresh, as Delta does it at
-/// checkpoints ([`Cached::take`]).
+/// checkpoints ([`Cached::take`]), and looks only at the versions that expired since the
+/// last run ([`crate::log_cleanup`]).
 pub(crate) fn commit_properties() -> CommitProperties {
     CommitProperties::default().with_cleanup_expired_logs(Some(false))
 }
@@ -167,6 +167,7 @@ pub(crate) struct Cached {
     table: Mutex<Option<DeltaTable>>,
     /// The version the table was last fully loaded at.
     loaded_at: AtomicU64,
+    log_cleanup: LogCleanup,
 }
 
 impl Cached {
@@ -174,6 +175,7 @@ impl Cached {
         Cached {
             table: Mutex::new(None),
             loaded_at: AtomicU64::new(0),
+            log_cleanup: LogCleanup::default(),
         }
     }
 
@@ -194,7 +196,10 @@ impl Cached {
                 source,
             })?;
         if needs_reload(self.loaded_at.load(Ordering::Relaxed), t.version()) {
-            remove_expired_log_files(&t, at, batch_id).await?;
+            let removed = self.log_cleanup.run(&t, at, batch_id).await?;
+            if removed > 0 {
+                tracing::info!(table = %at, "removed {removed} expired log files");
+            }
             drop(t);
             return self.load(at, batch_id).await;
         }
@@ -211,35 +216,6 @@ impl Cached {
     pub async fn put(&self, table: DeltaTable) {
         *self.table.lock().await = Some(table);
     }
-}
-
-/// Deletes the log files older than the table's `delta.logRetentionDuration` (30 days by
-/// default) that a checkpoint makes unnecessary, unless the table turns
-/// `delta.enableExpiredLogCleanup` off.
-async fn remove_expired_log_files(
-    table: &DeltaTable,
-    at: &Location,
-    batch_id: u64,
-) -> Result<(), DeltaSinkError> {
-    let err = |source| DeltaSinkError::Delta {
-        table: at.to_string(),
-        batch_id,
-        action: "removing expired log files",
-        source,
-    };
-    if !table
-        .snapshot()
-        .map_err(err)?
-        .table_config()
-        .enable_expired_log_cleanup()
-    {
-        return Ok(());
-    }
-    let removed = cleanup_metadata(table, None).await.map_err(err)?;
-    if removed > 0 {
-        tracing::info!(table = %at, "removed {removed} expired log files");
-    }
-    Ok(())
 }
 
 /// Whether a table loaded at `loaded_at` and now at `now` should be loaded afresh.

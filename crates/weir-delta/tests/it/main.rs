@@ -372,6 +372,14 @@ async fn tiny_batches_are_compacted_by_default_and_replays_still_skip() {
             Some(batches as i64 - 1)
         );
     }
+    assert!(
+        append_at
+            .local_path()
+            .unwrap()
+            .join(format!("_delta_log/{:020}.json", 0))
+            .exists(),
+        "within the default log retention (30 days) no commit goes"
+    );
     let rows = table_rows(&append_at).await;
     assert_eq!(rows.len() as u64, batches, "every appended row once");
     let want: Vec<String> = {
@@ -422,16 +430,37 @@ async fn expired_log_files_are_removed_at_checkpoints_and_the_table_reads_whole(
         sink.call(df(&[(i, "a", i)]), ctx(q, id)).await.unwrap();
     }
     let log = dir.path().join("t/_delta_log");
-    assert!(
-        !log.join(format!("{:020}.json", 0)).exists(),
-        "version 0's log file is expired and behind checkpoint 199"
-    );
-    assert!(log.join(format!("{:020}.checkpoint.parquet", 199)).exists());
+    let versions = |suffix: &str| -> Vec<u64> {
+        let mut v: Vec<u64> = std::fs::read_dir(&log)
+            .unwrap()
+            .filter_map(|e| {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                name.strip_suffix(suffix)?.parse().ok()
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    // Versions 0..=205 (batch 0, the property commit, batches 1..205); the reload at 200
+    // removes everything below checkpoint 199.
+    assert_eq!(versions(".json"), (199..=205).collect::<Vec<_>>());
+    assert_eq!(versions(".checkpoint.parquet"), vec![199]);
     assert_eq!(table_rows(&at).await.len() as u64, batches);
     assert_eq!(
         recorded_version(&at, &ctx(q, 0).app_id()).await.unwrap(),
         Some(batches as i64 - 1)
     );
+    // A new sink (as after a restart) finds where the log starts and goes on from there.
+    let sink = DeltaAppend::new(at.clone()).optimize_every(0);
+    let more: u64 = 400;
+    for id in batches..more {
+        let i = id as i64;
+        sink.call(df(&[(i, "a", i)]), ctx(q, id)).await.unwrap();
+    }
+    // Loaded at 205, reloaded at 305: everything below checkpoint 299 goes.
+    assert_eq!(versions(".json"), (299..=more).collect::<Vec<_>>());
+    assert_eq!(versions(".checkpoint.parquet"), vec![299, 399]);
+    assert_eq!(table_rows(&at).await.len() as u64, more);
 }
 
 #[tokio::test]
