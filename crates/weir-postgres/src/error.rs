@@ -57,10 +57,11 @@ pub enum PostgresSinkError {
     },
 
     /// The ledger holds this batch for the app id although this is the batch's first
-    /// attempt: another query (or an older checkpoint) uses the same ledger key.
+    /// attempt, or a later batch: another query (or an older checkpoint) uses the same
+    /// ledger key.
     #[error(
         "PostgreSQL table {table}: batch {batch_id}: the ledger {ledger} already holds batch \
-         {batch_id} for '{app_id}', which this query did not write (a new checkpoint starts again \
+         {recorded} for '{app_id}', which this query did not write (a new checkpoint starts again \
          at batch 0, or another query uses the same app id). Writing would skip this query's \
          batches: give the sink a new app-id (or leave it unset: the default is unique per \
          checkpoint), or set allow-app-id-reuse = true if skipping them is what you mean"
@@ -70,6 +71,7 @@ pub enum PostgresSinkError {
         batch_id: u64,
         ledger: String,
         app_id: String,
+        recorded: u64,
     },
 
     /// A setting is unusable; `key` names it.

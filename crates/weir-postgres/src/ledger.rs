@@ -62,23 +62,52 @@ fn create_ledger_sql(ledger: &str) -> String {
     )
 }
 
-/// Claims (app id, batch id) in the ledger inside `tx`: true if this transaction is the
-/// first to write the batch, false if it already landed.
+/// Ledger rows kept per app id: those of the newest this many batches. The transaction that
+/// claims a batch deletes the rows of older ones, so the ledger stays bounded however long
+/// the query runs. A replay only ever looks for the newest batch, and another query's rows
+/// are told apart by their being beyond the batch (as Delta's application version is).
+pub const LEDGER_KEEP_BATCHES: u64 = 1_000;
+
+/// What the ledger said to a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// This transaction is the first to write the batch.
+    New,
+    /// The batch already landed.
+    Landed,
+    /// A later batch is recorded for the app id: not this query's (nothing claimed).
+    Later(u64),
+}
+
+/// Claims (app id, batch id) in the ledger inside `tx`, and deletes the rows of the app id's
+/// batches older than [`LEDGER_KEEP_BATCHES`]: one statement, one round trip.
 pub(crate) async fn claim(
     tx: &Transaction<'_>,
     ledger: &str,
     app_id: &str,
     batch_id: u64,
     rows: i64,
-) -> Result<bool, tokio_postgres::Error> {
+) -> Result<Claim, tokio_postgres::Error> {
+    let l = quote_ident(ledger);
     let sql = format!(
-        "INSERT INTO {} (app_id, batch_id, rows) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-        quote_ident(ledger)
+        "WITH newest AS (SELECT max(batch_id) AS m FROM {l} WHERE app_id = $1), \
+         ins AS (INSERT INTO {l} (app_id, batch_id, rows) SELECT $1, $2, $3 \
+                 WHERE coalesce((SELECT m FROM newest), -1) <= $2 \
+                 ON CONFLICT DO NOTHING RETURNING 1), \
+         del AS (DELETE FROM {l} WHERE app_id = $1 AND batch_id <= $2 - $4 \
+                 AND EXISTS (SELECT 1 FROM ins)) \
+         SELECT (SELECT m FROM newest), (SELECT count(*) FROM ins)"
     );
-    Ok(tx
-        .execute(&sql, &[&app_id, &(batch_id as i64), &rows])
-        .await?
-        == 1)
+    let id = batch_id as i64;
+    let keep = LEDGER_KEEP_BATCHES as i64;
+    let row = tx.query_one(&sql, &[&app_id, &id, &rows, &keep]).await?;
+    let newest: Option<i64> = row.get(0);
+    let inserted: i64 = row.get(1);
+    Ok(match newest {
+        _ if inserted == 1 => Claim::New,
+        Some(n) if n > id => Claim::Later(n as u64),
+        _ => Claim::Landed,
+    })
 }
 
 /// Makes any transactional SQL exactly-once per batch: the ledger row and your statements
@@ -134,22 +163,27 @@ impl PostgresLedger {
             });
         };
         let tx = client.transaction().await.map_err(|e| db("BEGIN", e))?;
-        if !claim(&tx, &self.ledger, &app_id, id, 0)
+        let claimed = claim(&tx, &self.ledger, &app_id, id, 0)
             .await
-            .map_err(|e| db("claiming the batch", e))?
-        {
-            if !ctx.is_replay {
-                return Err(PostgresSinkError::AppIdInUse {
-                    table: self.ledger.clone(),
-                    batch_id: id,
-                    ledger: self.ledger.clone(),
-                    app_id,
-                });
-            }
-            tx.commit().await.map_err(|e| db("COMMIT", e))?;
-            ctx.metrics
-                .add_skipped(&format!("postgres-ledger {}", self.ledger));
-            return Ok(false);
+            .map_err(|e| db("claiming the batch", e))?;
+        if claimed != Claim::New {
+            let recorded = match claimed {
+                Claim::Later(n) => n,
+                _ if !ctx.is_replay => id,
+                _ => {
+                    tx.commit().await.map_err(|e| db("COMMIT", e))?;
+                    ctx.metrics
+                        .add_skipped(&format!("postgres-ledger {}", self.ledger));
+                    return Ok(false);
+                }
+            };
+            return Err(PostgresSinkError::AppIdInUse {
+                table: self.ledger.clone(),
+                batch_id: id,
+                ledger: self.ledger.clone(),
+                app_id,
+                recorded,
+            });
         }
         let rows = f(&tx).await.map_err(|source| PostgresSinkError::User {
             ledger: self.ledger.clone(),

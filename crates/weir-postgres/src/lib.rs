@@ -6,6 +6,8 @@
 //! ```text
 //! BEGIN;
 //! INSERT INTO <ledger> (app_id, batch_id, rows) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING;
+//!   -- unless a later batch is recorded; the same statement deletes the app id's rows
+//!   -- older than its newest 1,000 batches
 //! -- 0 rows inserted: this batch already landed -> COMMIT, report "skipped", return
 //! COPY <temp table> FROM STDIN (FORMAT binary);          -- temp table ON COMMIT DROP
 //! INSERT INTO <target> AS t (...) SELECT ... FROM <temp>
@@ -27,7 +29,7 @@ mod upsert;
 
 pub use config::{DEFAULT_LEDGER, LoadName, PostgresReader, PostgresUpsertConfig};
 pub use error::PostgresSinkError;
-pub use ledger::PostgresLedger;
+pub use ledger::{LEDGER_KEEP_BATCHES, PostgresLedger};
 pub use types::pg_type;
 pub use upsert::{LoadMode, PostgresUpsert};
 

@@ -14,7 +14,7 @@ use weir_core::sink::upsert::{apply_null_rules, order_columns};
 use weir_core::{NullKeys, NullOrdering, SinkMetric};
 
 use crate::error::PostgresSinkError;
-use crate::ledger::{Conn, claim};
+use crate::ledger::{Claim, Conn, claim};
 use crate::types::{is_text, pg_type, prepare_columns};
 use crate::{
     POINT_AFTER_COMMIT, POINT_AFTER_COPY, POINT_AFTER_STAGING, POINT_BEFORE_BEGIN,
@@ -453,19 +453,34 @@ impl PostgresUpsert {
         }
         fault::hit(POINT_BEFORE_BEGIN, id).map_err(self.engine(id))?;
         let tx = client.transaction().await.map_err(self.db(id, "BEGIN"))?;
-        if !claim(&tx, &self.ledger, &app_id, id, rows as i64)
+        let claimed = claim(&tx, &self.ledger, &app_id, id, rows as i64)
             .await
-            .map_err(self.db(id, "claiming the batch in the ledger"))?
-        {
-            // Only a replay can find its own ledger row: on a first attempt the row was
-            // written by another query with the same ledger key.
-            if !ctx.is_replay && !self.allow_app_id_reuse {
-                return Err(PostgresSinkError::AppIdInUse {
-                    table: self.table.clone(),
-                    batch_id: id,
-                    ledger: self.ledger.clone(),
-                    app_id,
-                });
+            .map_err(self.db(id, "claiming the batch in the ledger"))?;
+        if claimed != Claim::New {
+            // Only a replay can find its own ledger row, and nothing of this query can be
+            // beyond the batch: such rows were written by another query with the same
+            // ledger key.
+            let recorded = match claimed {
+                Claim::Later(n) => Some(n),
+                _ if !ctx.is_replay => Some(id),
+                _ => None,
+            };
+            if let Some(recorded) = recorded {
+                if !self.allow_app_id_reuse {
+                    return Err(PostgresSinkError::AppIdInUse {
+                        table: self.table.clone(),
+                        batch_id: id,
+                        ledger: self.ledger.clone(),
+                        app_id,
+                        recorded,
+                    });
+                }
+                tracing::warn!(
+                    table = %self.table,
+                    "batch {id} skipped: the ledger {} holds batch {recorded} for app id \
+                     '{app_id}' (allow-app-id-reuse is on)",
+                    self.ledger
+                );
             }
             if let Some(staging) = &self.staging {
                 let clear = format!(

@@ -471,3 +471,90 @@ async fn values_are_written_exactly_or_refused_naming_the_column() {
         );
     }
 }
+
+/// The ledger keeps the newest `LEDGER_KEEP_BATCHES` batches per app id, however many ran;
+/// a replay of the newest still skips, and a new checkpoint reusing the app id is still
+/// refused (its batch 0 is long gone from the ledger, but a later batch is there) or, when
+/// reuse is allowed, skipped without writing.
+#[tokio::test]
+async fn the_ledger_keeps_the_newest_batches_and_still_tells_replays_from_other_queries() {
+    let url = &postgres().url;
+    let keep = weir_postgres::LEDGER_KEEP_BATCHES;
+    let sink = PostgresUpsert::new(url, "orders_k", ["order_id"], "updated_at")
+        .create_table(true)
+        .app_id("orders-k");
+    let q = uuid::Uuid::new_v4();
+    let batches = keep + 3;
+    for id in 0..batches {
+        let i = id as i64;
+        sink.call(df(&[(i % 10, "x", i)]), ctx(q, id))
+            .await
+            .unwrap();
+    }
+    let ledger = |sql: &'static str| async move { pg_rows(url, sql).await };
+    let range = ledger(
+        "SELECT min(batch_id)::text || '..' || max(batch_id)::text || ' ' || count(*)::text \
+         FROM weir_batches WHERE app_id = 'orders-k'",
+    )
+    .await;
+    assert_eq!(range, vec![format!("3..{} {keep}", batches - 1)]);
+    let before = orders("orders_k").await;
+    assert_eq!(before.len(), 10);
+
+    let replay = ctx(q, batches - 1).replay(true);
+    sink.call(df(&[(99, "replayed", 0)]), replay.clone())
+        .await
+        .unwrap();
+    assert_eq!(replay.metrics.skipped(), 1);
+
+    let err = sink
+        .call(df(&[(99, "other query", 0)]), ctx(uuid::Uuid::new_v4(), 0))
+        .await
+        .unwrap_err();
+    let msg = weir_core::sink::error_chain(err.as_ref());
+    assert!(
+        msg.contains(&format!(
+            "already holds batch {} for 'orders-k'",
+            batches - 1
+        )),
+        "{msg}"
+    );
+    let reuse = PostgresUpsert::new(url, "orders_k", ["order_id"], "updated_at")
+        .app_id("orders-k")
+        .allow_app_id_reuse(true);
+    let other = ctx(uuid::Uuid::new_v4(), 5);
+    reuse
+        .call(df(&[(99, "other query", 0)]), other.clone())
+        .await
+        .unwrap();
+    assert_eq!(other.metrics.skipped(), 1);
+    assert_eq!(
+        orders("orders_k").await,
+        before,
+        "nothing written by either"
+    );
+    let range = ledger(
+        "SELECT min(batch_id)::text || '..' || max(batch_id)::text || ' ' || count(*)::text \
+         FROM weir_batches WHERE app_id = 'orders-k'",
+    )
+    .await;
+    assert_eq!(range, vec![format!("3..{} {keep}", batches - 1)]);
+
+    // The helper follows the same rules.
+    let helper = PostgresLedger::new(url, "ledger_k").app_id("helper-k");
+    for id in 0..batches {
+        assert!(
+            helper
+                .run_once(&ctx(q, id), |_| Box::pin(async { Ok(1) }))
+                .await
+                .unwrap()
+        );
+    }
+    let count = ledger("SELECT count(*)::text FROM ledger_k").await;
+    assert_eq!(count, vec![keep.to_string()]);
+    let err = helper
+        .run_once(&ctx(uuid::Uuid::new_v4(), 2), |_| Box::pin(async { Ok(1) }))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("already holds batch"), "{err}");
+}
