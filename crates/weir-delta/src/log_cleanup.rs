@@ -78,7 +78,7 @@ impl LogCleanup {
             source,
         };
         let store_err = |action, source: ObjectStoreError| err(action, source.into());
-        let Some(now) = table.version().and_then(|v| u64::try_from(v).ok()) else {
+        let Some(now) = table.version() else {
             return Ok(0);
         };
         let config = table

@@ -619,7 +619,7 @@ mod tests {
                 }
             }
             // Deleted and created again: given again, as a new file.
-            if x % 7 == 0 {
+            if x.is_multiple_of(7) {
                 let again = format!("f {} [{}].json", (x >> 8) % 97, step % 3);
                 if handed.contains(&again) && input.join(&again).exists() {
                     std::fs::remove_file(input.join(&again)).unwrap();
@@ -627,7 +627,7 @@ mod tests {
                     std::fs::write(input.join(&again), "again").unwrap();
                 }
             }
-            if step % 4 == 0 {
+            if step.is_multiple_of(4) {
                 let (new, next) = since(&input, Some(cursor));
                 handed.extend(new);
                 cursor = next;
