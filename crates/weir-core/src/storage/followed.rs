@@ -12,7 +12,7 @@
 //! it), and every event sets a name's presence absolutely (created: there; deleted or moved
 //! away: not there). Applying, in order, all events queued since the watch to any state the
 //! folder passed through after it gives the folder's present state. A queue overflow drops
-//! every kept listing; a folder that is removed, moved, or no longer the one at its path (its
+//! every watch and kept listing; a folder that is removed, moved, or no longer the one at its path (its
 //! device and inode are checked on every listing) is forgotten and read afresh.
 //!
 //! Only folders on local file systems are followed (inotify does not see what another
@@ -29,8 +29,9 @@
 //! ones only the entries created or moved in since the cursor, from a journal of creations
 //! the folder keeps once such a listing asked for it. No other name of such a folder is
 //! kept. The journal is emptied by each listing and dropped past [`MAX_JOURNAL`] entries; a
-//! cursor that does not match it (another reader, a dropped journal, a queue overflow, a
-//! replaced folder) gets every entry again, never fewer.
+//! cursor that does not match it (another reader, a dropped journal, a replaced folder) gets
+//! every entry again, never fewer. A queue overflow drops every watch: the listing that
+//! meets it reads the folder itself and the next one starts following afresh.
 
 use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
@@ -68,7 +69,7 @@ const LOCAL_FILE_SYSTEMS: [u32; 11] = [
 
 /// Creations a folder keeps for [`created_since`] between two listings; past this the journal
 /// is dropped and the next listing gives every entry.
-pub(super) const MAX_JOURNAL: usize = 100_000;
+pub(super) const MAX_JOURNAL: usize = 10_000;
 
 /// Numbers each reading of a folder, so that a cursor from an earlier one never matches.
 static EPOCHS: AtomicU64 = AtomicU64::new(1);
@@ -105,8 +106,8 @@ pub(super) fn names_after(dir: &Path, after: After<'_>) -> Option<Vec<String>> {
     match f.names_after(dir, after) {
         Ok(names) => names,
         Err(_) => {
-            // The event queue could not be read: forget everything (closing the descriptor
-            // removes the watches) and start again on the next listing.
+            // The event queue overflowed or could not be read: forget everything (closing
+            // the descriptor removes the watches) and start again on the next listing.
             *state = Follower::NotStarted;
             None
         }
@@ -345,7 +346,11 @@ impl Folders {
         // journal's previous contents still matches it.
         f.journal_base += journal.len() as u64;
         let names = if cursor == Some(since) {
-            std::mem::take(journal)
+            // A name created twice since (replaced, or deleted and written again) once.
+            let mut names = std::mem::take(journal);
+            names.sort_unstable();
+            names.dedup();
+            names
         } else {
             // Everything, read now: the watch is older than this read, so whatever changes
             // from here on reaches the journal. The names are not kept (an input folder may
@@ -459,8 +464,10 @@ impl Folders {
             };
             let flags = ev.events();
             if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
-                self.by_watch.values_mut().for_each(Folder::forget);
-                continue;
+                // Events were lost, a folder's removal among them perhaps (its watch would
+                // then be dead while a new folder sits at the same path, maybe on the same
+                // inode): start again with no watches at all.
+                return Err(Errno::OVERFLOW);
             }
             let Some(f) = self.by_watch.get_mut(&ev.wd()) else {
                 continue;
@@ -650,5 +657,43 @@ mod tests {
         std::fs::remove_file(&bad).unwrap();
         let (all, _) = since(&input, None);
         assert_eq!(all, present(&input));
+    }
+
+    /// More changes than the kernel queues between two listings (here a folder emptied and
+    /// made again, which may reuse its inode): the follower starts afresh, and files created
+    /// after are still given.
+    #[test]
+    fn after_a_queue_overflow_a_remade_folder_is_still_followed() {
+        let limit: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in");
+        std::fs::create_dir(&input).unwrap();
+        let (_, cursor) = since(&input, None);
+        for i in 0..limit + 100 {
+            std::fs::write(input.join(format!("{i}.json")), "").unwrap();
+        }
+        std::fs::remove_dir_all(&input).unwrap();
+        std::fs::create_dir(&input).unwrap();
+        std::fs::write(input.join("first.json"), "f").unwrap();
+        // The listing that meets the overflow lets the caller read; any other gives all.
+        let mut cursor = match created_since(&input, Some(cursor)) {
+            None => None,
+            Some((names, next)) => {
+                assert!(names.contains(&"first.json".to_string()), "{names:?}");
+                Some(next)
+            }
+        };
+        if cursor.is_none() {
+            let (all, next) = since(&input, None);
+            assert_eq!(all, present(&input));
+            cursor = Some(next);
+        }
+        std::fs::write(input.join("after.json"), "a").unwrap();
+        let (new, _) = since(&input, cursor);
+        assert!(new.contains("after.json"), "{new:?}");
     }
 }

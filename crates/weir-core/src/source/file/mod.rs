@@ -9,7 +9,10 @@
 //! checks each file against what was recorded: a file that changed or vanished stops the
 //! query with an error naming it and the batch, instead of reading other data.
 //!
-//! Names are taken literally (`a[1].json`, spaces, `%`, unicode): no glob patterns.
+//! Names are taken literally (`a[1].json`, spaces, `%`, unicode): no glob patterns. A name is
+//! taken once: a file written again under a name already taken is not read again (files are
+//! taken as immutable, as Spark does), and a followed folder does not offer such a name again
+//! even after `max_file_age` forgets it.
 //! Files whose names start with `.` or `_` are skipped (writers put temp files there).
 //!
 //! Per batch the work does not grow with history: a listing is kept as a queue of files
@@ -257,6 +260,7 @@ impl FileSource {
     /// Lists the folder again and queues the files not taken yet, in the order to take them.
     async fn refill(&self) -> Result<()> {
         let dir = &self.opts.path;
+        let mut next_cursor = None;
         // Whether a listed name is new: checked against the state in place (copying every
         // name seen, once per listing, cost time and memory that grew with the query's age).
         let unknown = |names: Vec<String>| -> Result<(Vec<String>, i64)> {
@@ -273,9 +277,10 @@ impl FileSource {
         // Locally a listing gives names only (after the first, only the names created since,
         // when the folder can be followed): stat just the new ones.
         let (metas, newest): (Vec<FileMeta>, i64) = if dir.is_local() {
-            let mut cursor = self.lock()?.listing;
+            // The cursor moves on once the names it covers are queued (see `latest_offset`
+            // for what an error does).
+            let mut cursor = self.lock()?.listing.take();
             let listed = dir.list_new_names(&mut cursor).await?;
-            self.lock()?.listing = cursor;
             let (names, newest) = unknown(listed)?;
             let mut out = Vec::with_capacity(names.len());
             for n in names {
@@ -283,6 +288,7 @@ impl FileSource {
                     out.push(m);
                 }
             }
+            next_cursor = cursor;
             (out, newest)
         } else {
             let mut listed: HashMap<String, FileMeta> = dir
@@ -312,7 +318,72 @@ impl FileSource {
         }
         let mut st = self.lock()?;
         st.queue.extend(fresh);
+        st.listing = next_cursor;
         Ok(())
+    }
+
+    /// The offset of the next batch: its files taken from the queue and recorded.
+    async fn next_offset(
+        &self,
+        start: Option<&SourceOffset>,
+        limit: ReadLimit,
+    ) -> Result<Option<SourceOffset>> {
+        let start_id = start.map(|s| self.log_offset(s)).transpose()?;
+        let next_id = start_id.map_or(0, |s| s + 1);
+        let log = {
+            let st = self.lock()?;
+            // An attempt that crashed after writing its file list but before offsets/N:
+            // hand out exactly that entry again.
+            if st.entries.contains_key(&next_id) {
+                return Ok(Some(log_offset(next_id)));
+            }
+            st.log
+                .clone()
+                .ok_or_else(|| self.err("latest_offset called before open"))?
+        };
+        if self.lock()?.queue.is_empty() {
+            self.refill().await?;
+        }
+        let max = limit.max_files.unwrap_or(usize::MAX).max(1);
+        let mut take: Vec<FileEntry> = Vec::new();
+        let mut taken: HashSet<String> = HashSet::new();
+        while take.len() < max {
+            let candidate = {
+                let mut st = self.lock()?;
+                let Some(f) = st.queue.pop_front() else { break };
+                if st.seen.contains_key(&f.name)
+                    || taken.contains(&f.name)
+                    || st
+                        .available_now
+                        .as_ref()
+                        .is_some_and(|a| !a.contains(&f.name))
+                {
+                    continue;
+                }
+                f
+            };
+            // Look again now: the size and time recorded are what the read will check.
+            let Some(now) = self.opts.path.head(&candidate.name).await? else {
+                continue;
+            };
+            taken.insert(candidate.name);
+            take.push(self.entry_for(&now, next_id));
+        }
+        if take.is_empty() {
+            return Ok(start.cloned());
+        }
+        self.record(&log, next_id, &take).await?;
+        let mut st = self.lock()?;
+        for e in &take {
+            let name = e.name();
+            if let Some(a) = st.available_now.as_mut() {
+                a.remove(&name);
+            }
+            st.newest_timestamp = st.newest_timestamp.max(e.timestamp);
+            st.seen.insert(name, Seen::from(e));
+        }
+        st.entries.insert(next_id, take);
+        Ok(Some(log_offset(next_id)))
     }
 
     /// Writes the log entry of `id` taking `take`, compacting every 10th: a compact entry
@@ -417,6 +488,8 @@ impl Source for FileSource {
         st.log = Some(init.log.clone());
         st.retain = init.retain_batches.max(2);
         st.queue.clear();
+        // What was queued is gone: the next listing must give every file again.
+        st.listing = None;
         Ok(())
     }
 
@@ -465,59 +538,14 @@ impl Source for FileSource {
         start: Option<&SourceOffset>,
         limit: ReadLimit,
     ) -> Result<Option<SourceOffset>> {
-        let start_id = start.map(|s| self.log_offset(s)).transpose()?;
-        let next_id = start_id.map_or(0, |s| s + 1);
-        let log = {
-            let st = self.lock()?;
-            // An attempt that crashed after writing its file list but before offsets/N:
-            // hand out exactly that entry again.
-            if st.entries.contains_key(&next_id) {
-                return Ok(Some(log_offset(next_id)));
-            }
-            st.log
-                .clone()
-                .ok_or_else(|| self.err("latest_offset called before open"))?
-        };
-        if self.lock()?.queue.is_empty() {
-            self.refill().await?;
+        let next = self.next_offset(start, limit).await;
+        if next.is_err() {
+            // Files listed but not taken may have left the queue: list everything again.
+            let mut st = self.lock()?;
+            st.queue.clear();
+            st.listing = None;
         }
-        let max = limit.max_files.unwrap_or(usize::MAX).max(1);
-        let mut take: Vec<FileEntry> = Vec::new();
-        while take.len() < max {
-            let candidate = {
-                let mut st = self.lock()?;
-                let Some(f) = st.queue.pop_front() else { break };
-                if st.seen.contains_key(&f.name)
-                    || st
-                        .available_now
-                        .as_ref()
-                        .is_some_and(|a| !a.contains(&f.name))
-                {
-                    continue;
-                }
-                f
-            };
-            // Look again now: the size and time recorded are what the read will check.
-            let Some(now) = self.opts.path.head(&candidate.name).await? else {
-                continue;
-            };
-            take.push(self.entry_for(&now, next_id));
-        }
-        if take.is_empty() {
-            return Ok(start.cloned());
-        }
-        self.record(&log, next_id, &take).await?;
-        let mut st = self.lock()?;
-        for e in &take {
-            let name = e.name();
-            if let Some(a) = st.available_now.as_mut() {
-                a.remove(&name);
-            }
-            st.newest_timestamp = st.newest_timestamp.max(e.timestamp);
-            st.seen.insert(name, Seen::from(e));
-        }
-        st.entries.insert(next_id, take);
-        Ok(Some(log_offset(next_id)))
+        next
     }
 
     async fn read_range(
