@@ -13,7 +13,9 @@
 //! The rule is delta-rs's (and Delta's): a file goes only if its version is below a
 //! checkpoint that is itself at or below every version still within the retention, so every
 //! version a reader may still ask for keeps its checkpoint and the commits after it. The
-//! lowest version present is found by one listing, the first time a process cleans a table.
+//! lowest version present is found by one listing, the first time a process cleans a table
+//! (or a table made again at the same place: the scan is kept with the table's id). A run
+//! looks at [`MAX_VERSIONS_PER_RUN`] versions at most.
 
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -32,8 +34,10 @@ pub(crate) struct LogCleanup {
     scan: Mutex<Option<Scan>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Scan {
+    /// The table's id (`metaData.id`): a table made again at the same place starts afresh.
+    table_id: String,
     /// The lowest version whose files may still be there.
     low: u64,
     /// The commits of `low..next` were older than the cutoff when looked at (the cutoff only
@@ -63,6 +67,10 @@ fn commit_version(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// Versions looked at per run at most: a run after a long stop catches up over several
+/// reloads instead of holding one batch for hundreds of thousands of requests.
+const MAX_VERSIONS_PER_RUN: u64 = 2_000;
+
 impl LogCleanup {
     /// Removes the log files of `table` that its log retention lets go; the number removed.
     pub async fn run(
@@ -81,13 +89,14 @@ impl LogCleanup {
         let Some(now) = table.version() else {
             return Ok(0);
         };
-        let config = table
+        let snapshot = table
             .snapshot()
-            .map_err(|e| err("reading the log retention", e))?
-            .table_config();
+            .map_err(|e| err("reading the log retention", e))?;
+        let config = snapshot.table_config();
         if !config.enable_expired_log_cleanup() {
             return Ok(0);
         }
+        let table_id = snapshot.metadata().id().to_string();
         let retention_ms =
             u64::try_from(config.log_retention_duration().as_millis()).unwrap_or(u64::MAX);
         let now_ms = SystemTime::now()
@@ -100,87 +109,93 @@ impl LogCleanup {
 
         let known = self.scan.lock().ok().and_then(|mut s| s.take());
         let mut scan = match known {
-            // A table made again at the same place: look afresh.
-            Some(s) if s.low > now => self
-                .fresh(store.as_ref(), &log, now, retention_ms)
-                .await
-                .map_err(|e| store_err("listing the log to clean it", e))?,
-            Some(s) if s.retention_ms == retention_ms => s,
-            Some(s) => Scan {
-                next: s.low,
-                checkpoint: None,
-                retention_ms,
-                ..s
-            },
-            None => self
-                .fresh(store.as_ref(), &log, now, retention_ms)
-                .await
-                .map_err(|e| store_err("listing the log to clean it", e))?,
-        };
-        // The commits not yet known to be expired, up to the first one still within the
-        // retention (or the table's version).
-        while scan.next < now {
-            match store.head(&commit_path(&log, scan.next)).await {
-                Ok(m) if m.last_modified.timestamp_millis() >= cutoff => break,
-                Ok(_) | Err(ObjectStoreError::NotFound { .. }) => {}
-                Err(e) => return Err(store_err("reading a log file's time", e)),
-            }
-            if exists(store.as_ref(), &checkpoint_path(&log, scan.next))
-                .await
-                .map_err(|e| store_err("looking for a checkpoint", e))?
-            {
-                scan.checkpoint = Some(scan.next);
-            }
-            scan.next += 1;
-        }
-        // A checkpoint at the first version kept is as good as one below it.
-        let safe = if exists(store.as_ref(), &checkpoint_path(&log, scan.next))
-            .await
-            .map_err(|e| store_err("looking for a checkpoint", e))?
-        {
-            Some(scan.next)
-        } else {
-            scan.checkpoint
-        };
-        let mut removed = 0;
-        if let Some(safe) = safe {
-            for v in scan.low..safe {
-                for path in [commit_path(&log, v), checkpoint_path(&log, v)] {
-                    match store.delete(&path).await {
-                        Ok(()) => removed += 1,
-                        Err(ObjectStoreError::NotFound { .. }) => {}
-                        Err(e) => return Err(store_err("removing an expired log file", e)),
+            Some(s) if s.table_id == table_id && s.low <= now => {
+                if s.retention_ms == retention_ms {
+                    s
+                } else {
+                    Scan {
+                        next: s.low,
+                        checkpoint: None,
+                        retention_ms,
+                        ..s
                     }
                 }
-                // Remembered as it goes: a failure later does not make the next run redo it.
-                scan.low = v + 1;
             }
-            scan.checkpoint = (safe < scan.next).then_some(safe);
-        }
+            // None yet, or another table made at the same place since: look afresh.
+            _ => {
+                let low = lowest_commit(store.as_ref(), &log)
+                    .await
+                    .map_err(|e| store_err("listing the log to clean it", e))?
+                    .unwrap_or(now);
+                Scan {
+                    table_id,
+                    low,
+                    next: low,
+                    checkpoint: None,
+                    retention_ms,
+                }
+            }
+        };
+        let result = advance(&mut scan, store.as_ref(), &log, now, cutoff).await;
+        // Kept whatever happened: what was learned or removed stays known.
         if let Ok(mut s) = self.scan.lock() {
             *s = Some(scan);
         }
-        Ok(removed)
+        result.map_err(|(action, e)| store_err(action, e))
     }
 }
 
-impl LogCleanup {
-    /// A scan from the lowest commit in the log.
-    async fn fresh(
-        &self,
-        store: &dyn ObjectStore,
-        log: &Path,
-        now: u64,
-        retention_ms: u64,
-    ) -> Result<Scan, ObjectStoreError> {
-        let low = lowest_commit(store, log).await?.unwrap_or(now);
-        Ok(Scan {
-            low,
-            next: low,
-            checkpoint: None,
-            retention_ms,
-        })
+/// Looks at the commits not yet known to be expired and removes what the newest checkpoint
+/// among the expired versions makes unnecessary; the number of files removed.
+async fn advance(
+    scan: &mut Scan,
+    store: &dyn ObjectStore,
+    log: &Path,
+    now: u64,
+    cutoff: i64,
+) -> Result<usize, (&'static str, ObjectStoreError)> {
+    // Up to the first commit still within the retention (or the table's version).
+    let stop = now.min(scan.next.saturating_add(MAX_VERSIONS_PER_RUN));
+    while scan.next < stop {
+        match store.head(&commit_path(log, scan.next)).await {
+            Ok(m) if m.last_modified.timestamp_millis() >= cutoff => break,
+            Ok(_) | Err(ObjectStoreError::NotFound { .. }) => {}
+            Err(e) => return Err(("reading a log file's time", e)),
+        }
+        if exists(store, &checkpoint_path(log, scan.next))
+            .await
+            .map_err(|e| ("looking for a checkpoint", e))?
+        {
+            scan.checkpoint = Some(scan.next);
+        }
+        scan.next += 1;
     }
+    // A checkpoint at the first version not known to be expired is at or below every
+    // version still within the retention: as good as one below it.
+    let safe = if exists(store, &checkpoint_path(log, scan.next))
+        .await
+        .map_err(|e| ("looking for a checkpoint", e))?
+    {
+        Some(scan.next)
+    } else {
+        scan.checkpoint
+    };
+    let mut removed = 0;
+    if let Some(safe) = safe {
+        for v in scan.low..safe {
+            for path in [commit_path(log, v), checkpoint_path(log, v)] {
+                match store.delete(&path).await {
+                    Ok(()) => removed += 1,
+                    Err(ObjectStoreError::NotFound { .. }) => {}
+                    Err(e) => return Err(("removing an expired log file", e)),
+                }
+            }
+            // Remembered as it goes: a failure later does not make the next run redo it.
+            scan.low = v + 1;
+        }
+        scan.checkpoint = (safe < scan.next).then_some(safe);
+    }
+    Ok(removed)
 }
 
 async fn exists(store: &dyn ObjectStore, path: &Path) -> Result<bool, ObjectStoreError> {

@@ -80,7 +80,9 @@ pub(crate) enum Claim {
 }
 
 /// Claims (app id, batch id) in the ledger inside `tx`, and deletes the rows of the app id's
-/// batches older than [`LEDGER_KEEP_BATCHES`]: one statement, one round trip.
+/// batches older than [`LEDGER_KEEP_BATCHES`], at most 1,000 a batch (a ledger written by an
+/// older weir, one row per batch ever, shrinks over a few batches instead of in one long
+/// transaction): one statement, one round trip.
 pub(crate) async fn claim(
     tx: &Transaction<'_>,
     ledger: &str,
@@ -94,7 +96,8 @@ pub(crate) async fn claim(
          ins AS (INSERT INTO {l} (app_id, batch_id, rows) SELECT $1, $2, $3 \
                  WHERE coalesce((SELECT m FROM newest), -1) <= $2 \
                  ON CONFLICT DO NOTHING RETURNING 1), \
-         del AS (DELETE FROM {l} WHERE app_id = $1 AND batch_id <= $2 - $4 \
+         del AS (DELETE FROM {l} WHERE ctid IN (SELECT ctid FROM {l} \
+                 WHERE app_id = $1 AND batch_id <= $2 - $4 LIMIT 1000) \
                  AND EXISTS (SELECT 1 FROM ins)) \
          SELECT (SELECT m FROM newest), (SELECT count(*) FROM ins)"
     );
