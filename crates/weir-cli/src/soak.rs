@@ -40,6 +40,9 @@ pub struct Sample {
     pub batches: u64,
     pub seconds: f64,
     pub rss_mb: f64,
+    /// The private part of the resident memory (Linux `RssAnon`): the heap and stacks,
+    /// without the binary's pages, which the kernel maps in as code paths are first run.
+    pub anon_mb: f64,
     pub cpu_seconds: f64,
     pub batches_per_sec: f64,
     pub median_ms: serde_json::Map<String, Value>,
@@ -49,6 +52,17 @@ pub struct Sample {
 fn usage(pid: u32) -> Option<(f64, f64)> {
     let p = weir_http::process_stats(&pid.to_string())?;
     Some((p.resident_bytes / 1024.0 / 1024.0, p.cpu_seconds))
+}
+
+/// Resident private memory (MB) of process `pid` (`RssAnon`; 0 where /proc has none).
+fn anon_mb(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("RssAnon:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 fn round1(x: f64) -> f64 {
@@ -85,10 +99,10 @@ pub async fn run(args: SoakArgs) -> Result<()> {
     let mut last = started;
     if !args.json {
         println!(
-            "| batches | seconds | RSS MB | CPU s | batches/s | median ms: {} |",
+            "| batches | seconds | RSS MB | anon MB | CPU s | batches/s | median ms: {} |",
             DURATION_PHASES.join(" / ")
         );
-        println!("|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|");
     }
     let ended = loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -129,6 +143,7 @@ pub async fn run(args: SoakArgs) -> Result<()> {
                     batches: done,
                     seconds: round1(now.duration_since(started).as_secs_f64()),
                     rss_mb: round1(rss),
+                    anon_mb: round1(anon_mb(pid)),
                     cpu_seconds: round1(cpu),
                     batches_per_sec: round1(
                         args.every as f64 / now.duration_since(last).as_secs_f64(),
@@ -144,10 +159,11 @@ pub async fn run(args: SoakArgs) -> Result<()> {
                         .map(|p| s.median_ms[*p].to_string())
                         .collect();
                     println!(
-                        "| {} | {} | {} | {} | {} | {} |",
+                        "| {} | {} | {} | {} | {} | {} | {} |",
                         s.batches,
                         s.seconds,
                         s.rss_mb,
+                        s.anon_mb,
                         s.cpu_seconds,
                         s.batches_per_sec,
                         ms.join(" / ")
@@ -195,6 +211,8 @@ fn verdict(samples: &[Sample], json: bool) -> Result<()> {
         "rss_first_mb": first.rss_mb,
         "rss_last_mb": last.rss_mb,
         "rss_ratio": (rss_ratio * 100.0).round() / 100.0,
+        "anon_first_mb": first.anon_mb,
+        "anon_last_mb": last.anon_mb,
         "trigger_ms_after_warmup": t(base),
         "trigger_ms_last": t(last),
         "time_ratio": (time_ratio * 100.0).round() / 100.0,
@@ -204,10 +222,12 @@ fn verdict(samples: &[Sample], json: bool) -> Result<()> {
         println!("{v}");
     } else {
         println!(
-            "memory {} -> {} MB ({:.2}x), median batch {} -> {} ms ({:.2}x): {}",
+            "memory {} -> {} MB ({:.2}x; anon {} -> {} MB), median batch {} -> {} ms ({:.2}x): {}",
             first.rss_mb,
             last.rss_mb,
             rss_ratio,
+            first.anon_mb,
+            last.anon_mb,
             t(base),
             t(last),
             time_ratio,
