@@ -95,6 +95,18 @@ pub(super) enum After<'a> {
 /// sort after `after` and all its other entries (folders, links), whatever their names.
 /// `None` when the folder is not followed: read it instead.
 pub(super) fn names_after(dir: &Path, after: After<'_>) -> Option<Vec<String>> {
+    with_folders(|f| f.names_after(dir, after))
+}
+
+/// The names of `dir`'s entries other than folders created (or moved in) since `cursor`, or
+/// of all of them when the cursor is `None` or no longer matches, with the cursor for the
+/// next listing. `None` when the folder is not followed: read it instead.
+pub(super) fn created_since(dir: &Path, cursor: Option<Cursor>) -> Option<(Vec<String>, Cursor)> {
+    with_folders(|f| f.created_since(dir, cursor))
+}
+
+/// Runs `list` on the followed folders, starting the follower if need be.
+fn with_folders<T>(list: impl FnOnce(&mut Folders) -> Result<Option<T>, Errno>) -> Option<T> {
     let mut state = FOLLOWER.lock().ok()?;
     if matches!(*state, Follower::NotStarted) {
         // One attempt per process: where inotify is not available, every listing reads.
@@ -103,31 +115,11 @@ pub(super) fn names_after(dir: &Path, after: After<'_>) -> Option<Vec<String>> {
     let Follower::Running(f) = &mut *state else {
         return None;
     };
-    match f.names_after(dir, after) {
-        Ok(names) => names,
+    match list(f) {
+        Ok(listed) => listed,
         Err(_) => {
             // The event queue overflowed or could not be read: forget everything (closing
             // the descriptor removes the watches) and start again on the next listing.
-            *state = Follower::NotStarted;
-            None
-        }
-    }
-}
-
-/// The names of `dir`'s entries other than folders created (or moved in) since `cursor`, or
-/// of all of them when the cursor is `None` or no longer matches, with the cursor for the
-/// next listing. `None` when the folder is not followed: read it instead.
-pub(super) fn created_since(dir: &Path, cursor: Option<Cursor>) -> Option<(Vec<String>, Cursor)> {
-    let mut state = FOLLOWER.lock().ok()?;
-    if matches!(*state, Follower::NotStarted) {
-        *state = Follower::start();
-    }
-    let Follower::Running(f) = &mut *state else {
-        return None;
-    };
-    match f.created_since(dir, cursor) {
-        Ok(listed) => listed,
-        Err(_) => {
             *state = Follower::NotStarted;
             None
         }
