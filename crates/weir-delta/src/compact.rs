@@ -12,6 +12,7 @@
 //! two leaves the batch committed and the table uncompacted; the replay skips the write and
 //! the next compaction picks the files up. A failed OPTIMIZE fails the batch like any write.
 
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,6 +23,14 @@ use weir_core::storage::Location;
 
 use crate::error::DeltaSinkError;
 use crate::table::commit_properties;
+
+/// Compaction writes files up to this size and leaves larger ones alone. Without a bound
+/// (delta-rs takes the table's target file size, 100 MiB) the file earlier compactions made
+/// stayed a candidate and every OPTIMIZE rewrote it with the new small files: after 100,000
+/// ten-row batches each compaction read and wrote all 1,000,000 rows, and the cost and
+/// memory of a compaction grew with the table. With it a compaction rewrites at most this
+/// much; the table gains a file per 8 MiB of data.
+pub const COMPACT_TARGET_BYTES: u64 = 8 << 20;
 
 /// A batch smaller than this (Arrow memory size) counts as small.
 pub const SMALL_BATCH_BYTES: usize = 8 << 20;
@@ -107,16 +116,16 @@ impl Compaction {
         if !self.due(batch_id, bytes) {
             return Ok(table);
         }
-        let (table, metrics) = table
-            .optimize()
-            .with_commit_properties(commit_properties())
-            .await
-            .map_err(|source| DeltaSinkError::Delta {
-                table: at.to_string(),
-                batch_id,
-                action: "compacting small files (optimize)",
-                source,
-            })?;
+        let mut optimize = table.optimize().with_commit_properties(commit_properties());
+        if let Some(target) = NonZeroU64::new(COMPACT_TARGET_BYTES) {
+            optimize = optimize.with_target_size(target);
+        }
+        let (table, metrics) = optimize.await.map_err(|source| DeltaSinkError::Delta {
+            table: at.to_string(),
+            batch_id,
+            action: "compacting small files (optimize)",
+            source,
+        })?;
         tracing::info!(
             table = %at,
             "optimize after batch {batch_id}: {} files removed, {} added",

@@ -604,3 +604,60 @@ async fn created_tables_carry_the_tombstone_retention_and_checkpoints_drop_expir
         Some("interval 86400 seconds")
     );
 }
+
+/// A file of the compaction target size or more is left alone: compactions rewrite the new
+/// small files only, so their cost does not grow with the table.
+#[tokio::test]
+async fn compaction_leaves_files_of_the_target_size_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = table(&dir);
+    let sink = DeltaAppend::new(at.clone()).optimize_every(3);
+    let q = uuid::Uuid::new_v4();
+    // About 10 MB of incompressible text in one file.
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let text: Vec<String> = (0..160_000)
+        .map(|_| {
+            (0..4)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    format!("{x:016x}")
+                })
+                .collect()
+        })
+        .collect();
+    let rows: Vec<(i64, &str, i64)> = text
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i as i64, s.as_str(), 0))
+        .collect();
+    sink.call(df(&rows), ctx(q, 0)).await.unwrap();
+    let files = |t: &weir_delta::deltalake::DeltaTable| -> Vec<String> {
+        let mut f: Vec<String> = t.get_file_uris().unwrap().collect();
+        f.sort();
+        f
+    };
+    let big = files(&weir_delta::open(&at, 0).await.unwrap());
+    assert_eq!(big.len(), 1);
+    let size = std::fs::metadata(&big[0]).unwrap().len();
+    assert!(
+        size > weir_delta::compact::COMPACT_TARGET_BYTES,
+        "the big file has {size} bytes"
+    );
+    for id in 1..6u64 {
+        let i = 1_000_000 + id as i64;
+        sink.call(df(&[(i, "small", 0)]), ctx(q, id)).await.unwrap();
+    }
+    let after = files(&weir_delta::open(&at, 0).await.unwrap());
+    assert!(
+        after.contains(&big[0]),
+        "the big file is still there: {after:?}"
+    );
+    assert_eq!(
+        after.len(),
+        2,
+        "the big file and one compacted file: {after:?}"
+    );
+    assert_eq!(table_rows(&at).await.len(), 160_005);
+}
