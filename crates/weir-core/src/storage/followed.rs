@@ -71,16 +71,14 @@ const LOCAL_FILE_SYSTEMS: [u32; 11] = [
 /// is dropped and the next listing gives every entry.
 pub(super) const MAX_JOURNAL: usize = 10_000;
 
-/// Numbers each reading of a folder, so that a cursor from an earlier one never matches.
-static EPOCHS: AtomicU64 = AtomicU64::new(1);
+/// Numbers every emptying of a journal, across folders, so that no cursor matches a journal
+/// that lost entries since the cursor was handed out.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
-/// Where a reader of a folder's new entries stands: the reading of the folder it listed and
-/// how many creations since it were handed out.
+/// Where a reader of a folder's new entries stands: the journal generation its listing
+/// started (see [`GENERATIONS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cursor {
-    epoch: u64,
-    handed_out: u64,
-}
+pub struct Cursor(u64);
 
 /// Where a listing starts.
 #[derive(Debug, Clone, Copy)]
@@ -171,13 +169,15 @@ struct Folder {
     lowest: Option<String>,
     listings: u32,
     last_used: u64,
-    /// This reading of the folder (see [`EPOCHS`]).
-    epoch: u64,
     /// Entries other than folders created since the last [`created_since`] listing; `None`
     /// until one asks.
     journal: Option<Vec<String>>,
-    /// Creations handed out or dropped before the journal's first.
-    journal_base: u64,
+    /// Renewed whenever the journal is emptied (taken, dropped, or the folder forgotten).
+    generation: u64,
+}
+
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Folder {
@@ -194,11 +194,10 @@ impl Folder {
     /// Drops everything known of the folder: after this no cursor matches it.
     fn forget(&mut self) {
         self.forget_names();
-        self.epoch = EPOCHS.fetch_add(1, Ordering::Relaxed);
         if let Some(j) = &mut self.journal {
             j.clear();
         }
-        self.journal_base = 0;
+        self.generation = next_generation();
     }
 
     /// Reads the folder afresh. `None` if it cannot be kept (a name that is not UTF-8, which
@@ -222,8 +221,8 @@ impl Folder {
         if !is_dir && let Some(j) = &mut self.journal {
             if j.len() >= MAX_JOURNAL {
                 // Nobody listed for a long while: the next listing gives everything.
-                self.journal_base += j.len() as u64;
                 j.clear();
+                self.generation = next_generation();
             }
             j.push(name.to_string());
         }
@@ -330,13 +329,9 @@ impl Folders {
         };
         f.last_used = clock;
         let journal = f.journal.get_or_insert_with(Vec::new);
-        let since = Cursor {
-            epoch: f.epoch,
-            handed_out: f.journal_base,
-        };
-        // Whatever leaves the journal moves its base, so only the reader that took the
-        // journal's previous contents still matches it.
-        f.journal_base += journal.len() as u64;
+        let since = Cursor(f.generation);
+        // The journal is emptied here either way: only this reader's next cursor matches it.
+        f.generation = next_generation();
         let names = if cursor == Some(since) {
             // A name created twice since (replaced, or deleted and written again) once.
             let mut names = std::mem::take(journal);
@@ -361,11 +356,7 @@ impl Folders {
                 }
             }
         };
-        let next = Cursor {
-            epoch: f.epoch,
-            handed_out: f.journal_base,
-        };
-        Ok(Some((names, next)))
+        Ok(Some((names, Cursor(f.generation))))
     }
 
     fn list(&mut self, wd: i32, after: After<'_>) -> Option<Vec<String>> {
@@ -428,9 +419,8 @@ impl Folders {
             lowest: None,
             listings: 0,
             last_used: 0,
-            epoch: EPOCHS.fetch_add(1, Ordering::Relaxed),
             journal: None,
-            journal_base: 0,
+            generation: next_generation(),
         });
         folder.path = dir.to_path_buf();
         Some(wd)
