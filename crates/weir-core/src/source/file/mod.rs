@@ -19,8 +19,8 @@
 //! not yet taken and the folder is listed again only when the queue is empty; only new
 //! names are looked at (`stat`/`HEAD`). A local folder is followed with inotify after its
 //! first listing (on local file systems), so a later listing costs the files created since,
-//! not every file the folder holds; elsewhere each listing reads the whole folder. What the source remembers, the files already
-//! taken, is bounded by `max_file_age` (files older than that, relative to the newest file
+//! not every file the folder holds; elsewhere each listing reads the whole folder. What the
+//! source remembers, the files already taken, is bounded by `max_file_age` (files older than that, relative to the newest file
 //! seen, are forgotten and ignored, as Spark's `maxFileAge`) and by `clean_source` (files of
 //! committed batches are deleted or archived, then forgotten, as Spark's `cleanSource`).
 //! Without either it grows by one entry per file taken.
@@ -260,7 +260,6 @@ impl FileSource {
     /// Lists the folder again and queues the files not taken yet, in the order to take them.
     async fn refill(&self) -> Result<()> {
         let dir = &self.opts.path;
-        let mut next_cursor = None;
         // Whether a listed name is new: checked against the state in place (copying every
         // name seen, once per listing, cost time and memory that grew with the query's age).
         let unknown = |names: Vec<String>| -> Result<(Vec<String>, i64)> {
@@ -276,7 +275,7 @@ impl FileSource {
         };
         // Locally a listing gives names only (after the first, only the names created since,
         // when the folder can be followed): stat just the new ones.
-        let (metas, newest): (Vec<FileMeta>, i64) = if dir.is_local() {
+        let (metas, newest, cursor) = if dir.is_local() {
             // The cursor moves on once the names it covers are queued (see `latest_offset`
             // for what an error does).
             let mut cursor = self.lock()?.listing.take();
@@ -288,8 +287,7 @@ impl FileSource {
                     out.push(m);
                 }
             }
-            next_cursor = cursor;
-            (out, newest)
+            (out, newest, cursor)
         } else {
             let mut listed: HashMap<String, FileMeta> = dir
                 .list()
@@ -298,8 +296,8 @@ impl FileSource {
                 .map(|f| (f.name.clone(), f))
                 .collect();
             let (names, newest) = unknown(listed.keys().cloned().collect())?;
-            let out = names.iter().filter_map(|n| listed.remove(n)).collect();
-            (out, newest)
+            let out: Vec<FileMeta> = names.iter().filter_map(|n| listed.remove(n)).collect();
+            (out, newest, None)
         };
         let newest = metas
             .iter()
@@ -318,7 +316,7 @@ impl FileSource {
         }
         let mut st = self.lock()?;
         st.queue.extend(fresh);
-        st.listing = next_cursor;
+        st.listing = cursor;
         Ok(())
     }
 
@@ -346,13 +344,11 @@ impl FileSource {
         }
         let max = limit.max_files.unwrap_or(usize::MAX).max(1);
         let mut take: Vec<FileEntry> = Vec::new();
-        let mut taken: HashSet<String> = HashSet::new();
         while take.len() < max {
             let candidate = {
                 let mut st = self.lock()?;
                 let Some(f) = st.queue.pop_front() else { break };
                 if st.seen.contains_key(&f.name)
-                    || taken.contains(&f.name)
                     || st
                         .available_now
                         .as_ref()
@@ -366,7 +362,6 @@ impl FileSource {
             let Some(now) = self.opts.path.head(&candidate.name).await? else {
                 continue;
             };
-            taken.insert(candidate.name);
             take.push(self.entry_for(&now, next_id));
         }
         if take.is_empty() {
