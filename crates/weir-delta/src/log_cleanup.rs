@@ -17,6 +17,7 @@
 //! (or a table made again at the same place: the scan is kept with the table's id). A run
 //! looks at [`MAX_VERSIONS_PER_RUN`] versions at most.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -43,8 +44,9 @@ struct Scan {
     /// The commits of `low..next` were older than the cutoff when looked at (the cutoff only
     /// moves forward while the retention stays the same).
     next: u64,
-    /// The newest single-file checkpoint in `low..next`.
-    checkpoint: Option<u64>,
+    /// The versions of `low..next` with a single-file checkpoint, oldest first (seen while
+    /// scanning, so removing them needs no request for the versions without one).
+    checkpoints: VecDeque<u64>,
     /// The retention the scan was made with.
     retention_ms: u64,
 }
@@ -115,7 +117,7 @@ impl LogCleanup {
                 } else {
                     Scan {
                         next: s.low,
-                        checkpoint: None,
+                        checkpoints: VecDeque::new(),
                         retention_ms,
                         ..s
                     }
@@ -131,7 +133,7 @@ impl LogCleanup {
                     table_id,
                     low,
                     next: low,
-                    checkpoint: None,
+                    checkpoints: VecDeque::new(),
                     retention_ms,
                 }
             }
@@ -166,7 +168,7 @@ async fn advance(
             .await
             .map_err(|e| ("looking for a checkpoint", e))?
         {
-            scan.checkpoint = Some(scan.next);
+            scan.checkpoints.push_back(scan.next);
         }
         scan.next += 1;
     }
@@ -178,12 +180,16 @@ async fn advance(
     {
         Some(scan.next)
     } else {
-        scan.checkpoint
+        scan.checkpoints.back().copied()
     };
     let mut removed = 0;
     if let Some(safe) = safe {
         for v in scan.low..safe {
-            for path in [commit_path(log, v), checkpoint_path(log, v)] {
+            let mut paths = vec![commit_path(log, v)];
+            if scan.checkpoints.front() == Some(&v) {
+                paths.push(checkpoint_path(log, v));
+            }
+            for path in paths {
                 match store.delete(&path).await {
                     Ok(()) => removed += 1,
                     Err(ObjectStoreError::NotFound { .. }) => {}
@@ -191,9 +197,11 @@ async fn advance(
                 }
             }
             // Remembered as it goes: a failure later does not make the next run redo it.
+            if scan.checkpoints.front() == Some(&v) {
+                scan.checkpoints.pop_front();
+            }
             scan.low = v + 1;
         }
-        scan.checkpoint = (safe < scan.next).then_some(safe);
     }
     Ok(removed)
 }
