@@ -248,3 +248,86 @@ async fn retention_and_compaction_keep_the_seen_files_across_restarts() {
     run(again.clone()).await;
     assert_eq!(*again.lock().unwrap(), vec![(25, vec![900])]);
 }
+
+#[tokio::test]
+async fn max_file_age_reads_a_backlog_whole_then_forgets_and_ignores_older_files() {
+    use std::time::{Duration, SystemTime};
+    let dir = tempfile::tempdir().unwrap();
+    let (input, chk) = (dir.path().join("in"), dir.path().join("chk"));
+    let hour = Duration::from_secs(3600);
+    let base = SystemTime::now() - 24 * hour;
+    let write_at = |name: &str, id: i64, at: SystemTime| {
+        write_file(&input, name, id..id + 1);
+        let f = std::fs::File::options()
+            .write(true)
+            .open(input.join(name))
+            .unwrap();
+        f.set_modified(at).unwrap();
+    };
+    // Ten files an hour apart: the backlog spans nine hours, the age is one.
+    for i in 0..10u32 {
+        write_at(&format!("f{i}.json"), i64::from(i), base + i * hour);
+    }
+    let run = |seen: Seen| {
+        let (input, chk) = (input.clone(), chk.clone());
+        async move {
+            let q = WeirSession::new()
+                .read_stream()
+                .files(&input)
+                .schema(schema())
+                .max_files_per_trigger(1)
+                .max_file_age(hour)
+                .load()
+                .await
+                .unwrap()
+                .write_stream()
+                .checkpoint(&chk)
+                .min_batches_to_retain(3)
+                .trigger(Trigger::AvailableNow)
+                .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
+                    let seen = seen.clone();
+                    async move {
+                        let got = ids(&b.collect().await?);
+                        seen.lock().unwrap().push((ctx.batch_id, got));
+                        Ok::<(), BoxError>(())
+                    }
+                })
+                .start()
+                .await
+                .unwrap();
+            q.await_termination().await.unwrap();
+        }
+    };
+    // The age counts from the newest file taken, not the newest listed: all ten are read,
+    // oldest first, one a batch.
+    let seen: Seen = Arc::default();
+    run(seen.clone()).await;
+    let want: Vec<(u64, Vec<i64>)> = (0..10).map(|i| (i, vec![i as i64])).collect();
+    assert_eq!(*seen.lock().unwrap(), want);
+    // What the source remembers is bounded by the age: the compact entry of batch 9 names
+    // only the files within an hour of the newest (7, 8 and 9), not all ten.
+    let compact = std::fs::read_to_string(chk.join("sources/0/9.compact")).unwrap();
+    let names: Vec<String> = compact
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["path"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(names, vec!["f7.json", "f8.json", "f9.json"], "{compact}");
+    // After a restart: a file more than an hour older than the newest taken is ignored
+    // (as Spark's maxFileAge), one within the hour is read, and a forgotten name that is
+    // still in the folder is not read again.
+    write_at("late.json", 100, base + 7 * hour);
+    write_at("recent.json", 101, base + 8 * hour + hour / 2);
+    let again: Seen = Arc::default();
+    run(again.clone()).await;
+    assert_eq!(*again.lock().unwrap(), vec![(10, vec![101])]);
+}

@@ -20,8 +20,9 @@
 //! names are looked at (`stat`/`HEAD`). A local folder is followed with inotify after its
 //! first listing (on local file systems), so a later listing costs the files created since,
 //! not every file the folder holds; elsewhere each listing reads the whole folder. What the
-//! source remembers, the files already taken, is bounded by `max_file_age` (files older than that, relative to the newest file
-//! seen, are forgotten and ignored, as Spark's `maxFileAge`) and by `clean_source` (files of
+//! source remembers, the files already taken, is bounded by `max_file_age` (files older than
+//! that, relative to the newest file taken, are forgotten and ignored, as Spark's `maxFileAge`;
+//! a backlog is read whole, oldest first) and by `clean_source` (files of
 //! committed batches are deleted or archived, then forgotten, as Spark's `cleanSource`).
 //! Without either it grows by one entry per file taken.
 //!
@@ -92,8 +93,8 @@ pub struct FileSourceOptions {
     pub schema: Option<SchemaRef>,
     /// Newest files first (`latestFirst`), for catching up on the recent past first.
     pub latest_first: bool,
-    /// Files older than this relative to the newest file seen are ignored and forgotten
-    /// (`maxFileAge`).
+    /// Files older than this relative to the newest file taken are ignored and forgotten
+    /// (`maxFileAge`): before the first batch every file counts.
     pub max_file_age: Option<Duration>,
     /// What a malformed line does (`mode`; JSON and CSV only).
     pub mode: BadRecordMode,
@@ -240,11 +241,11 @@ impl FileSource {
             })
     }
 
-    /// The oldest modification time still taken, given the newest seen.
+    /// The oldest modification time still taken, given the newest file taken.
     fn oldest_allowed(&self, newest: i64) -> i64 {
-        self.opts
-            .max_file_age
-            .map_or(i64::MIN, |age| newest - age.as_millis() as i64)
+        self.opts.max_file_age.map_or(i64::MIN, |age| {
+            newest.saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX))
+        })
     }
 
     fn entry_for(&self, f: &FileMeta, batch_id: u64) -> FileEntry {
@@ -299,12 +300,9 @@ impl FileSource {
             let out: Vec<FileMeta> = names.iter().filter_map(|n| listed.remove(n)).collect();
             (out, newest, None)
         };
-        let newest = metas
-            .iter()
-            .map(|m| m.modified_ms)
-            .max()
-            .unwrap_or(i64::MIN)
-            .max(newest);
+        // Age counts from the newest file taken, not the newest listed (Spark's rule): a
+        // backlog that spans more than max_file_age is still read whole, oldest first, and
+        // only files older than what was already taken, by more than the age, are ignored.
         let oldest = self.oldest_allowed(newest);
         let mut fresh: Vec<FileMeta> = metas
             .into_iter()
