@@ -79,8 +79,38 @@ pub struct TransformConfig {
     pub sql: String,
 }
 
+/// Deserializes a `type = ...` table into the variant's own config type. serde's derive for
+/// an internally tagged enum buffers the table first, which drops the key from an error
+/// (`'7x' is not a duration` with no word of `max-file-age`); reading the variant's type from
+/// the table keeps it (`in \`max-file-age\``).
+macro_rules! deserialize_by_type {
+    ($enum:ident { $($tag:literal => $variant:ident),+ $(,)? }) => {
+        impl<'de> Deserialize<'de> for $enum {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+                use serde::de::Error as _;
+                let mut table = toml::Table::deserialize(d)?;
+                let tag = match table.remove("type") {
+                    Some(toml::Value::String(t)) => t,
+                    Some(other) => {
+                        return Err(D::Error::custom(format!(
+                            "`type` must be a string, not {other}"
+                        )))
+                    }
+                    None => return Err(D::Error::missing_field("type")),
+                };
+                let value = toml::Value::Table(table);
+                let parsed: std::result::Result<Self, toml::de::Error> = match tag.as_str() {
+                    $($tag => value.try_into().map($enum::$variant),)+
+                    other => return Err(D::Error::unknown_variant(other, &[$($tag),+])),
+                };
+                parsed.map_err(|e| D::Error::custom(e.to_string().trim_end()))
+            }
+        }
+    };
+}
+
 /// `[source] type = ...`: one variant per source connector.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum SourceConfig {
     Files(FilesConfig),
@@ -106,8 +136,14 @@ impl SourceConfig {
     }
 }
 
+deserialize_by_type!(SourceConfig {
+    "files" => Files,
+    "kafka" => Kafka,
+    "rate" => Rate,
+});
+
 /// `[[sink]] type = ...`: one variant per sink connector.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum SinkConfig {
     Parquet(ParquetConfig),
@@ -116,6 +152,14 @@ pub enum SinkConfig {
     DeltaMerge(DeltaMergeConfig),
     PostgresUpsert(PostgresUpsertConfig),
 }
+
+deserialize_by_type!(SinkConfig {
+    "parquet" => Parquet,
+    "console" => Console,
+    "delta-append" => DeltaAppend,
+    "delta-merge" => DeltaMerge,
+    "postgres-upsert" => PostgresUpsert,
+});
 
 impl SinkConfig {
     pub fn spec(&self) -> &dyn SinkSpec {

@@ -23,10 +23,14 @@ fn bad_pipelines_are_refused_naming_the_key() {
             "same folder",
         ),
         (
-            // serde's tagged enums lose the key: the line of the sink and the value it is.
             "[[sink]]\ntype = \"delta-append\"\npath = \"t\"\ndeleted-file-retention = \"1 week\"\n",
-            "'1 week' is not a duration",
+            "'1 week' is not a duration such as 500ms, 30s, 5m, 2h or 7d\nin `deleted-file-retention`",
         ),
+        (
+            "[[sink]]\ntype = \"postgres-upsert\"\nurl = \"host=x\"\ntable = \"t\"\nkeys = \"id\"\n",
+            "in `keys`",
+        ),
+        ("[[sink]]\npath = \"out\"\n", "missing field `type`"),
     ];
     for (sinks, want) in cases {
         let p = pipeline(dir.path(), sinks);
@@ -35,6 +39,18 @@ fn bad_pipelines_are_refused_naming_the_key() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{want}: {err}");
     }
+    // The same for the source: the key at fault is named.
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let bad = text.replacen("[source]\n", "[source]\nmax-file-age = \"3x\"\n", 1);
+    assert_ne!(bad, text);
+    std::fs::write(&p, bad).unwrap();
+    let out = run_weir(&bin(), &["check", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("'3x'") && err.contains("in `max-file-age`"),
+        "{err}"
+    );
     let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
     let text = std::fs::read_to_string(&p)
         .unwrap()
