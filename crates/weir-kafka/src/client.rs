@@ -2,6 +2,7 @@
 //! topic metadata, watermarks. Every call here blocks: the source runs them on tokio's
 //! blocking pool.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -13,6 +14,27 @@ use crate::error::KafkaSourceError;
 use crate::options::{KafkaOptions, Subscribe};
 
 const META_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client kept in `slot` across batches: made by `make` on first use, reused by `use_it`,
+/// and dropped when a call fails, so the next call starts from a fresh connection instead
+/// of a client left in an unknown state. Blocks: call it on the blocking pool.
+pub fn with_client<C, T>(
+    slot: &Mutex<Option<C>>,
+    make: impl FnOnce() -> Result<C, KafkaSourceError>,
+    use_it: impl FnOnce(&C) -> Result<T, KafkaSourceError>,
+) -> Result<T, KafkaSourceError> {
+    let mut slot = slot.lock().map_err(|_| KafkaSourceError::Invalid {
+        what: "Kafka client".into(),
+        reason: "poisoned by an earlier panic".into(),
+    })?;
+    let client = match slot.take() {
+        Some(c) => c,
+        None => make()?,
+    };
+    let out = use_it(&client)?;
+    *slot = Some(client);
+    Ok(out)
+}
 
 /// A consumer that only ever reads assigned partitions at explicit offsets.
 pub fn consumer(o: &KafkaOptions) -> Result<BaseConsumer, KafkaSourceError> {

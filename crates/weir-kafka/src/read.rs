@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rdkafka::consumer::Consumer;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message, Timestamp};
 use rdkafka::{Offset, TopicPartitionList};
 use weir_core::datafusion::arrow::array::{
@@ -17,7 +17,7 @@ use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::source::decode;
 
 use crate::PartitionOffsets;
-use crate::client::{consumer, watermarks};
+use crate::client::watermarks;
 use crate::error::KafkaSourceError;
 use crate::offsets::check_loss;
 use crate::options::{BadRecordMode, KafkaOptions, ValueFormat};
@@ -157,21 +157,40 @@ impl Records {
     }
 }
 
-/// Reads every partition's `[begin, end)`; partitions missing from `begin` (added since)
-/// start at 0, with the data-loss check. Records come out ordered by (topic, partition, offset).
+/// Reads every partition's `[begin, end)` with the source's long-lived consumer `c`;
+/// partitions missing from `begin` (added since) start at 0, with the data-loss check.
+/// Records come out ordered by (topic, partition, offset). The consumer is unassigned
+/// afterwards, whatever happened: it fetches nothing between batches (no prefetched records
+/// held in memory), and what it had prefetched for this range is dropped with the assignment.
 pub fn read(
+    c: &BaseConsumer,
     o: &KafkaOptions,
     begin: &PartitionOffsets,
     end: &PartitionOffsets,
 ) -> Result<RecordBatch, KafkaSourceError> {
-    let c = consumer(o)?;
+    let read = read_assigned(c, o, begin, end);
+    let unassigned = c.unassign().map_err(|source| KafkaSourceError::Kafka {
+        action: "unassigning the partitions read".into(),
+        source,
+    });
+    let batch = read?;
+    unassigned?;
+    Ok(batch)
+}
+
+fn read_assigned(
+    c: &BaseConsumer,
+    o: &KafkaOptions,
+    begin: &PartitionOffsets,
+    end: &PartitionOffsets,
+) -> Result<RecordBatch, KafkaSourceError> {
     let include_headers = o.include_headers;
     let mut tpl = TopicPartitionList::new();
     // In (topic, partition) order: `end` is a sorted map of sorted maps.
     let mut parts: Vec<Part> = Vec::new();
     for (t, ps) in end {
         for (&p, &to) in ps {
-            let (low, high) = watermarks(&c, t, p)?;
+            let (low, high) = watermarks(c, t, p)?;
             // A partition missing from `begin` was added since: it starts at 0, as in Spark.
             let b = begin.get(t).and_then(|m| m.get(&p)).copied().unwrap_or(0);
             let from = check_loss(o.fail_on_data_loss, t, p, b, low, high)?;
@@ -221,6 +240,11 @@ pub fn read(
                     }
                     if m.offset() >= part.to {
                         part.next = part.to;
+                        continue;
+                    }
+                    // Offsets only grow within an assignment: an offset below the next one
+                    // expected can only be a record fetched for an earlier one.
+                    if m.offset() < part.next {
                         continue;
                     }
                     let (timestamp, timestamp_type) = match m.timestamp() {

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use rdkafka::consumer::BaseConsumer;
 use weir_core::checkpoint::log::{parse_line, parse_versioned, render};
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
@@ -13,7 +14,7 @@ use weir_core::source::SourceInit;
 use weir_core::storage::{Location, WriteOutcome};
 use weir_core::{Error, ReadLimit, Result, Source, SourceOffset};
 
-use crate::client::{self, consumer, partitions, watermarks};
+use crate::client::{self, consumer, partitions, watermarks, with_client};
 use crate::error::KafkaSourceError;
 use crate::offsets::{self, check_loss, split_limit, wait_for_more};
 use crate::options::{KafkaOptions, StartingOffsets, Subscribe};
@@ -28,8 +29,11 @@ pub struct KafkaSource {
     behind: Mutex<BTreeMap<String, String>>,
     /// When the last batch was planned (or the source opened), for maxTriggerDelay.
     last_batch: Mutex<Instant>,
+    /// The consumer that reads metadata, watermarks and every batch's records, made at first
+    /// use and kept (its connections and metadata with it) until a call on it fails.
+    reader: Arc<Mutex<Option<BaseConsumer>>>,
     /// The client that commits end offsets to `commit_to_group`, made at the first commit.
-    committer: Arc<Mutex<Option<Arc<rdkafka::consumer::BaseConsumer>>>>,
+    committer: Arc<Mutex<Option<BaseConsumer>>>,
     /// For AvailableNow: the latest offsets when the query started.
     available_now: Mutex<Option<BTreeMap<(String, i32), i64>>>,
     /// Where the last planned batch ended, for `reached_available_now`.
@@ -67,6 +71,7 @@ impl KafkaSource {
             behind: Mutex::new(BTreeMap::new()),
             last_batch: Mutex::new(Instant::now()),
             available_now: Mutex::new(None),
+            reader: Arc::new(Mutex::new(None)),
             committer: Arc::new(Mutex::new(None)),
             last_end: Mutex::new(None),
             latest: Mutex::new(None),
@@ -119,24 +124,32 @@ impl KafkaSource {
             return offsets::parse(&v).map_err(|e| self.err(e));
         }
         let starting = self.opts.starting_offsets.clone();
+        let reader = self.reader.clone();
         let initial = self
             .blocking(move |o| {
-                let c = consumer(o)?;
-                let mut out = PartitionOffsets::new();
-                for (t, p) in partitions(&c, o)? {
-                    let (low, high) = watermarks(&c, &t, p)?;
-                    let at = match &starting {
-                        StartingOffsets::Earliest => low,
-                        StartingOffsets::Latest => high,
-                        StartingOffsets::Explicit(m) => match m.get(&t).and_then(|ps| ps.get(&p)) {
-                            Some(-2) | None => low,
-                            Some(-1) => high,
-                            Some(&o) => o,
-                        },
-                    };
-                    out.entry(t).or_default().insert(p, at);
-                }
-                Ok(out)
+                with_client(
+                    &reader,
+                    || consumer(o),
+                    |c| {
+                        let mut out = PartitionOffsets::new();
+                        for (t, p) in partitions(c, o)? {
+                            let (low, high) = watermarks(c, &t, p)?;
+                            let at = match &starting {
+                                StartingOffsets::Earliest => low,
+                                StartingOffsets::Latest => high,
+                                StartingOffsets::Explicit(m) => {
+                                    match m.get(&t).and_then(|ps| ps.get(&p)) {
+                                        Some(-2) | None => low,
+                                        Some(-1) => high,
+                                        Some(&o) => o,
+                                    }
+                                }
+                            };
+                            out.entry(t).or_default().insert(p, at);
+                        }
+                        Ok(out)
+                    },
+                )
             })
             .await?;
         let body: Bytes = render([offsets::to_json(&initial).to_string()]);
@@ -159,42 +172,50 @@ impl KafkaSource {
     /// Where each partition begins (checked for data loss) and its latest offset now.
     async fn positions(&self, begin: PartitionOffsets) -> Result<(Positions, Positions)> {
         let fail = self.opts.fail_on_data_loss;
+        let reader = self.reader.clone();
         self.blocking(move |o| {
-            let c = consumer(o)?;
-            let mut begins = BTreeMap::new();
-            let mut highs = BTreeMap::new();
-            let current = partitions(&c, o)?;
-            for (t, ps) in &begin {
-                for p in ps.keys() {
-                    if !current.contains(&(t.clone(), *p)) {
-                        let e = KafkaSourceError::DataLoss {
-                            topic: t.clone(),
-                            partition: *p,
-                            detail: "the partition is gone".into(),
-                        };
-                        if fail {
-                            return Err(e);
+            with_client(
+                &reader,
+                || consumer(o),
+                |c| {
+                    let mut begins = BTreeMap::new();
+                    let mut highs = BTreeMap::new();
+                    let current = partitions(c, o)?;
+                    for (t, ps) in &begin {
+                        for p in ps.keys() {
+                            if !current.contains(&(t.clone(), *p)) {
+                                let e = KafkaSourceError::DataLoss {
+                                    topic: t.clone(),
+                                    partition: *p,
+                                    detail: "the partition is gone".into(),
+                                };
+                                if fail {
+                                    return Err(e);
+                                }
+                                tracing::warn!("{e}; dropping it (failOnDataLoss=false)");
+                            }
                         }
-                        tracing::warn!("{e}; dropping it (failOnDataLoss=false)");
                     }
-                }
-            }
-            for (t, p) in current {
-                let (low, high) = watermarks(&c, &t, p)?;
-                let b = match begin.get(&t).and_then(|ps| ps.get(&p)) {
-                    Some(&b) => check_loss(fail, &t, p, b, low, high)?,
-                    // A partition added since the last batch starts at 0, as in Spark;
-                    // anything else means its first records are gone.
-                    None => {
-                        let b = check_loss(fail, &t, p, 0, low, high)?;
-                        tracing::info!("topic {t}: new partition {p}, read from offset {b}");
-                        b
+                    for (t, p) in current {
+                        let (low, high) = watermarks(c, &t, p)?;
+                        let b = match begin.get(&t).and_then(|ps| ps.get(&p)) {
+                            Some(&b) => check_loss(fail, &t, p, b, low, high)?,
+                            // A partition added since the last batch starts at 0, as in Spark;
+                            // anything else means its first records are gone.
+                            None => {
+                                let b = check_loss(fail, &t, p, 0, low, high)?;
+                                tracing::info!(
+                                    "topic {t}: new partition {p}, read from offset {b}"
+                                );
+                                b
+                            }
+                        };
+                        begins.insert((t.clone(), p), b);
+                        highs.insert((t, p), high);
                     }
-                };
-                begins.insert((t.clone(), p), b);
-                highs.insert((t, p), high);
-            }
-            Ok((begins, highs))
+                    Ok((begins, highs))
+                },
+            )
         })
         .await
     }
@@ -335,7 +356,12 @@ impl Source for KafkaSource {
     ) -> Result<DataFrame> {
         let begin = self.start_of(start).await?;
         let end = offsets::parse(end.json()).map_err(|e| self.err(e))?;
-        let batch = self.blocking(move |o| read::read(o, &begin, &end)).await?;
+        let reader = self.reader.clone();
+        let batch = self
+            .blocking(move |o| {
+                with_client(&reader, || consumer(o), |c| read::read(c, o, &begin, &end))
+            })
+            .await?;
         ctx.read_batch(batch)
             .map_err(|e| Error::datafusion(format!("{}: holding the batch", self.description()), e))
     }
@@ -347,21 +373,11 @@ impl Source for KafkaSource {
         let offsets = offsets::parse(end.json()).map_err(|e| self.err(e))?;
         let committer = self.committer.clone();
         self.blocking(move |o| {
-            let c = {
-                let mut slot = committer.lock().map_err(|_| KafkaSourceError::Invalid {
-                    what: "state".into(),
-                    reason: "poisoned by an earlier panic".into(),
-                })?;
-                match slot.as_ref() {
-                    Some(c) => c.clone(),
-                    None => {
-                        let c = Arc::new(client::group_committer(o, &group)?);
-                        *slot = Some(c.clone());
-                        c
-                    }
-                }
-            };
-            client::commit_offsets(&c, &group, &offsets)
+            with_client(
+                &committer,
+                || client::group_committer(o, &group),
+                |c| client::commit_offsets(c, &group, &offsets),
+            )
         })
         .await
     }

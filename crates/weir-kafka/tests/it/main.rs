@@ -655,3 +655,67 @@ async fn committed_end_offsets_are_committed_to_the_consumer_group() {
         ]
     );
 }
+
+/// (partition, offset, value's id) of every record of `df`.
+async fn records(df: DataFrame) -> Vec<(i32, i64, i64)> {
+    let mut out = Vec::new();
+    for r in df.collect().await.unwrap() {
+        let p = r
+            .column_by_name("partition")
+            .unwrap()
+            .as_primitive::<Int32Type>();
+        let o = r
+            .column_by_name("offset")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let v = r.column_by_name("value").unwrap().as_binary::<i32>();
+        for i in 0..r.num_rows() {
+            let json: serde_json::Value = serde_json::from_slice(v.value(i)).unwrap();
+            out.push((p.value(i), o.value(i), json["id"].as_i64().unwrap()));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn one_consumer_reads_every_range_exactly_forwards_backwards_and_after_prefetching() {
+    use weir_core::{ReadLimit, Source, SourceOffset};
+    topic("reuse", 2).await;
+    produce("reuse", 0, &values(3000, "a")).await;
+    produce("reuse", 1, &values(500, "b")).await;
+    let source = KafkaSource::new(KafkaOptions::new(&kafka().bootstrap, ["reuse"])).unwrap();
+    let ctx = weir_core::datafusion::prelude::SessionContext::new();
+    let at = |p0: i64, p1: i64| SourceOffset::new(serde_json::json!({"reuse": {"0": p0, "1": p1}}));
+    let want = |p0: std::ops::Range<i64>, p1: std::ops::Range<i64>| -> Vec<(i32, i64, i64)> {
+        p0.map(|o| (0, o, o)).chain(p1.map(|o| (1, o, o))).collect()
+    };
+    // The same source (one consumer) reads small ranges of a partition it has fetched far
+    // beyond, a range behind the last (a replay), an empty partition range, and the tail:
+    // each exactly, nothing left over from the range before.
+    let ranges = [
+        ((0, 0), (10, 10)),
+        ((10, 10), (20, 10)),
+        ((5, 0), (15, 3)),
+        ((2990, 3), (3000, 500)),
+        ((20, 10), (2000, 10)),
+        ((0, 0), (3000, 500)),
+        ((1, 499), (2, 500)),
+    ];
+    for ((b0, b1), (e0, e1)) in ranges {
+        let df = source
+            .read_range(&ctx, Some(&at(b0, b1)), &at(e0, e1))
+            .await
+            .unwrap();
+        assert_eq!(
+            records(df).await,
+            want(b0..e0, b1..e1),
+            "[{b0}, {e0}) and [{b1}, {e1})"
+        );
+        // Planning in between uses the same consumer.
+        let end = source
+            .latest_offset(Some(&at(b0, b1)), ReadLimit::ALL)
+            .await
+            .unwrap();
+        assert_eq!(end, Some(at(3000, 500)));
+    }
+}
