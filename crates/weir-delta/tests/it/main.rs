@@ -661,3 +661,32 @@ async fn compaction_leaves_files_of_the_target_size_alone() {
     );
     assert_eq!(table_rows(&at).await.len(), 160_005);
 }
+
+#[tokio::test]
+async fn compaction_writes_row_groups_of_bounded_size() {
+    use weir_delta::deltalake::parquet::file::reader::{FileReader, SerializedFileReader};
+    let dir = tempfile::tempdir().unwrap();
+    let at = table(&dir);
+    let sink = DeltaAppend::new(at.clone()).optimize_every(3);
+    let q = uuid::Uuid::new_v4();
+    for id in 0..3u64 {
+        let rows: Vec<(i64, &str, i64)> = (0..50_000)
+            .map(|i| (id as i64 * 50_000 + i, "s", i))
+            .collect();
+        sink.call(df(&rows), ctx(q, id)).await.unwrap();
+    }
+    let t = weir_delta::open(&at, 0).await.unwrap();
+    let files: Vec<String> = t.get_file_uris().unwrap().collect();
+    assert_eq!(files.len(), 1, "one compacted file: {files:?}");
+    let reader = SerializedFileReader::new(std::fs::File::open(&files[0]).unwrap()).unwrap();
+    let groups: Vec<i64> = reader
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows())
+        .collect();
+    let cap = weir_delta::compact::COMPACT_ROW_GROUP_ROWS as i64;
+    assert_eq!(groups.iter().sum::<i64>(), 150_000, "{groups:?}");
+    assert!(groups.iter().all(|&n| n <= cap), "{groups:?}");
+    assert_eq!(table_rows(&at).await.len(), 150_000);
+}
