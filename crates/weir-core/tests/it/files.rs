@@ -159,6 +159,44 @@ async fn the_parquet_sink_writes_the_same_files_again_on_replay() {
     assert_eq!(ids(&rows), (0..10).collect::<Vec<_>>());
 }
 
+/// Runs an available-now query over `input` taking one file a batch (keeping 3 batches),
+/// recording each batch's ids in `seen`.
+async fn one_file_a_batch(
+    input: &Path,
+    chk: &Path,
+    max_file_age: Option<std::time::Duration>,
+    seen: Seen,
+) {
+    let mut r = WeirSession::new()
+        .read_stream()
+        .files(input)
+        .schema(schema())
+        .max_files_per_trigger(1);
+    if let Some(age) = max_file_age {
+        r = r.max_file_age(age);
+    }
+    let q = r
+        .load()
+        .await
+        .unwrap()
+        .write_stream()
+        .checkpoint(chk)
+        .min_batches_to_retain(3)
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
+            let seen = seen.clone();
+            async move {
+                let got = ids(&b.collect().await?);
+                seen.lock().unwrap().push((ctx.batch_id, got));
+                Ok::<(), BoxError>(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    q.await_termination().await.unwrap();
+}
+
 #[tokio::test]
 async fn retention_and_compaction_keep_the_seen_files_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
@@ -166,35 +204,7 @@ async fn retention_and_compaction_keep_the_seen_files_across_restarts() {
     for f in 0..25 {
         write_file(&input, &format!("f{f:02}.json"), f * 10..f * 10 + 2);
     }
-    let run = |seen: Seen| {
-        let (input, chk) = (input.clone(), chk.clone());
-        async move {
-            let q = WeirSession::new()
-                .read_stream()
-                .files(&input)
-                .schema(schema())
-                .max_files_per_trigger(1)
-                .load()
-                .await
-                .unwrap()
-                .write_stream()
-                .checkpoint(&chk)
-                .min_batches_to_retain(3)
-                .trigger(Trigger::AvailableNow)
-                .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
-                    let seen = seen.clone();
-                    async move {
-                        let got = ids(&b.collect().await?);
-                        seen.lock().unwrap().push((ctx.batch_id, got));
-                        Ok::<(), BoxError>(())
-                    }
-                })
-                .start()
-                .await
-                .unwrap();
-            q.await_termination().await.unwrap();
-        }
-    };
+    let run = |seen: Seen| one_file_a_batch(&input, &chk, None, seen);
     let seen: Seen = Arc::default();
     run(seen.clone()).await;
     assert_eq!(seen.lock().unwrap().len(), 25);
@@ -268,36 +278,7 @@ async fn max_file_age_reads_a_backlog_whole_then_forgets_and_ignores_older_files
     for i in 0..10u32 {
         write_at(&format!("f{i}.json"), i64::from(i), base + i * hour);
     }
-    let run = |seen: Seen| {
-        let (input, chk) = (input.clone(), chk.clone());
-        async move {
-            let q = WeirSession::new()
-                .read_stream()
-                .files(&input)
-                .schema(schema())
-                .max_files_per_trigger(1)
-                .max_file_age(hour)
-                .load()
-                .await
-                .unwrap()
-                .write_stream()
-                .checkpoint(&chk)
-                .min_batches_to_retain(3)
-                .trigger(Trigger::AvailableNow)
-                .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
-                    let seen = seen.clone();
-                    async move {
-                        let got = ids(&b.collect().await?);
-                        seen.lock().unwrap().push((ctx.batch_id, got));
-                        Ok::<(), BoxError>(())
-                    }
-                })
-                .start()
-                .await
-                .unwrap();
-            q.await_termination().await.unwrap();
-        }
-    };
+    let run = |seen: Seen| one_file_a_batch(&input, &chk, Some(hour), seen);
     // The age counts from the newest file taken, not the newest listed: all ten are read,
     // oldest first, one a batch.
     let seen: Seen = Arc::default();

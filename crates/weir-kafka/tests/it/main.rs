@@ -11,6 +11,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use weir_core::datafusion::arrow::array::{Array, AsArray, Int64Array};
 use weir_core::datafusion::arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
+use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::{BatchContext, BoxError, Trigger, WeirSession};
 use weir_kafka::{BadRecordMode, KafkaOptions, KafkaSource, ValueFormat, rdkafka};
@@ -56,21 +57,10 @@ async fn run(
         .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
             let seen = seen.clone();
             async move {
-                let rows = b.collect().await?;
-                let mut got = Vec::new();
-                for r in &rows {
-                    let p = r
-                        .column_by_name("partition")
-                        .unwrap()
-                        .as_primitive::<Int32Type>();
-                    let o = r
-                        .column_by_name("offset")
-                        .unwrap()
-                        .as_primitive::<Int64Type>();
-                    for i in 0..r.num_rows() {
-                        got.push((p.value(i), o.value(i)));
-                    }
-                }
+                let got = records(&b.collect().await?)
+                    .into_iter()
+                    .map(|(p, o, _)| (p, o))
+                    .collect();
                 seen.lock().unwrap().push((ctx.batch_id, got));
                 Ok::<(), BoxError>(())
             }
@@ -656,10 +646,10 @@ async fn committed_end_offsets_are_committed_to_the_consumer_group() {
     );
 }
 
-/// (partition, offset, value's id) of every record of `df`.
-async fn records(df: DataFrame) -> Vec<(i32, i64, i64)> {
+/// (partition, offset, the value's `id` or -1) of every record of Kafka's raw columns.
+fn records(rows: &[RecordBatch]) -> Vec<(i32, i64, i64)> {
     let mut out = Vec::new();
-    for r in df.collect().await.unwrap() {
+    for r in rows {
         let p = r
             .column_by_name("partition")
             .unwrap()
@@ -670,8 +660,13 @@ async fn records(df: DataFrame) -> Vec<(i32, i64, i64)> {
             .as_primitive::<Int64Type>();
         let v = r.column_by_name("value").unwrap().as_binary::<i32>();
         for i in 0..r.num_rows() {
-            let json: serde_json::Value = serde_json::from_slice(v.value(i)).unwrap();
-            out.push((p.value(i), o.value(i), json["id"].as_i64().unwrap()));
+            let id = v
+                .is_valid(i)
+                .then(|| serde_json::from_slice::<serde_json::Value>(v.value(i)).ok())
+                .flatten()
+                .and_then(|j| j["id"].as_i64())
+                .unwrap_or(-1);
+            out.push((p.value(i), o.value(i), id));
         }
     }
     out
@@ -707,7 +702,7 @@ async fn one_consumer_reads_every_range_exactly_forwards_backwards_and_after_pre
             .await
             .unwrap();
         assert_eq!(
-            records(df).await,
+            records(&df.collect().await.unwrap()),
             want(b0..e0, b1..e1),
             "[{b0}, {e0}) and [{b1}, {e1})"
         );
