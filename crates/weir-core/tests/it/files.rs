@@ -159,20 +159,29 @@ async fn the_parquet_sink_writes_the_same_files_again_on_replay() {
     assert_eq!(ids(&rows), (0..10).collect::<Vec<_>>());
 }
 
+/// How [`one_file_a_batch`] reads and when its function fails.
+#[derive(Default, Clone, Copy)]
+struct OneFile {
+    max_file_age: Option<std::time::Duration>,
+    latest_first: bool,
+    fail_at: Option<u64>,
+}
+
 /// Runs an available-now query over `input` taking one file a batch (keeping 3 batches),
-/// recording each batch's ids in `seen`.
+/// recording each batch's ids in `seen`; an error when the function fails.
 async fn one_file_a_batch(
     input: &Path,
     chk: &Path,
-    max_file_age: Option<std::time::Duration>,
+    how: OneFile,
     seen: Seen,
-) {
+) -> weir_core::Result<()> {
     let mut r = WeirSession::new()
         .read_stream()
         .files(input)
         .schema(schema())
-        .max_files_per_trigger(1);
-    if let Some(age) = max_file_age {
+        .max_files_per_trigger(1)
+        .latest_first(how.latest_first);
+    if let Some(age) = how.max_file_age {
         r = r.max_file_age(age);
     }
     let q = r
@@ -188,13 +197,16 @@ async fn one_file_a_batch(
             async move {
                 let got = ids(&b.collect().await?);
                 seen.lock().unwrap().push((ctx.batch_id, got));
-                Ok::<(), BoxError>(())
+                if Some(ctx.batch_id) == how.fail_at {
+                    return Err::<(), BoxError>("fail".into());
+                }
+                Ok(())
             }
         })
         .start()
         .await
         .unwrap();
-    q.await_termination().await.unwrap();
+    q.await_termination().await
 }
 
 #[tokio::test]
@@ -204,7 +216,11 @@ async fn retention_and_compaction_keep_the_seen_files_across_restarts() {
     for f in 0..25 {
         write_file(&input, &format!("f{f:02}.json"), f * 10..f * 10 + 2);
     }
-    let run = |seen: Seen| one_file_a_batch(&input, &chk, None, seen);
+    let run = |seen: Seen| async {
+        one_file_a_batch(&input, &chk, OneFile::default(), seen)
+            .await
+            .unwrap()
+    };
     let seen: Seen = Arc::default();
     run(seen.clone()).await;
     assert_eq!(seen.lock().unwrap().len(), 25);
@@ -278,7 +294,11 @@ async fn max_file_age_reads_a_backlog_whole_then_forgets_and_ignores_older_files
     for i in 0..10u32 {
         write_at(&format!("f{i}.json"), i64::from(i), base + i * hour);
     }
-    let run = |seen: Seen| one_file_a_batch(&input, &chk, Some(hour), seen);
+    let aged = OneFile {
+        max_file_age: Some(hour),
+        ..OneFile::default()
+    };
+    let run = |seen: Seen| async { one_file_a_batch(&input, &chk, aged, seen).await.unwrap() };
     // The age counts from the newest file taken, not the newest listed: all ten are read,
     // oldest first, one a batch.
     let seen: Seen = Arc::default();
@@ -311,4 +331,39 @@ async fn max_file_age_reads_a_backlog_whole_then_forgets_and_ignores_older_files
     let again: Seen = Arc::default();
     run(again.clone()).await;
     assert_eq!(*again.lock().unwrap(), vec![(10, vec![101])]);
+
+    // Newest first, the age is not applied (Spark's rule): the first batch takes the newest
+    // file, and after a failure and a restart every older file of the backlog is still read.
+    let chk = dir.path().join("chk-latest");
+    let newest_first = OneFile {
+        max_file_age: Some(hour),
+        latest_first: true,
+        fail_at: Some(2),
+    };
+    let failed: Seen = Arc::default();
+    assert!(
+        one_file_a_batch(&input, &chk, newest_first, failed.clone())
+            .await
+            .is_err()
+    );
+    let rest: Seen = Arc::default();
+    let no_fail = OneFile {
+        fail_at: None,
+        ..newest_first
+    };
+    one_file_a_batch(&input, &chk, no_fail, rest.clone())
+        .await
+        .unwrap();
+    let mut all: Vec<i64> = failed.lock().unwrap()[..2]
+        .iter()
+        .chain(rest.lock().unwrap().iter())
+        .flat_map(|(_, ids)| ids.clone())
+        .collect();
+    assert_eq!(failed.lock().unwrap()[0].1, vec![9], "the newest first");
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 100, 101],
+        "every file once"
+    );
 }

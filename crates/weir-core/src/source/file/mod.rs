@@ -94,7 +94,8 @@ pub struct FileSourceOptions {
     /// Newest files first (`latestFirst`), for catching up on the recent past first.
     pub latest_first: bool,
     /// Files older than this relative to the newest file taken are ignored and forgotten
-    /// (`maxFileAge`): before the first batch every file counts.
+    /// (`maxFileAge`): before the first batch every file counts. Not applied with
+    /// `latest_first`.
     pub max_file_age: Option<Duration>,
     /// What a malformed line does (`mode`; JSON and CSV only).
     pub mode: BadRecordMode,
@@ -169,6 +170,13 @@ pub struct FileSource {
 impl FileSource {
     /// Checks the options; for Parquet without a schema reads it from the oldest file.
     pub async fn new(opts: FileSourceOptions) -> Result<Self> {
+        if opts.latest_first && opts.max_file_age.is_some() {
+            tracing::warn!(
+                "{}: max_file_age is not applied with latest_first (as Spark), so no file of a \
+                 backlog is dropped after a restart",
+                opts.path.url_string()
+            );
+        }
         let base = match (&opts.schema, &opts.format) {
             (Some(s), _) => s.clone(),
             (None, FileFormat::Parquet) => Self::parquet_schema(&opts.path).await?,
@@ -241,8 +249,13 @@ impl FileSource {
             })
     }
 
-    /// The oldest modification time still taken, given the newest file taken.
+    /// The oldest modification time still taken, given the newest file taken. With
+    /// `latest_first` there is no such bound (Spark's rule, SPARK-19813): the newest file is
+    /// taken first, so every older one of a backlog would fall out of the age after a restart.
     fn oldest_allowed(&self, newest: i64) -> i64 {
+        if self.opts.latest_first {
+            return i64::MIN;
+        }
         self.opts.max_file_age.map_or(i64::MIN, |age| {
             newest.saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX))
         })
