@@ -75,6 +75,8 @@ struct Part {
     from: i64,
     to: i64,
     next: i64,
+    /// A consumer position beyond `to` seen at the last empty poll, not yet trusted.
+    beyond: Option<i64>,
     offsets: Vec<i64>,
     timestamps: Vec<Option<i64>>,
     timestamp_types: Vec<i32>,
@@ -86,6 +88,21 @@ struct Part {
 impl Part {
     fn done(&self) -> bool {
         self.next >= self.to
+    }
+
+    /// Takes the consumer's position `at` (seen at an empty poll) as how far the partition
+    /// got. A position beyond the range (control records skipped past its end) counts only
+    /// when two empty polls in a row give it: a position left from the consumer's earlier
+    /// assignment is reset within milliseconds and must not end the partition unread.
+    fn advance_to(&mut self, at: i64) {
+        if at <= self.to {
+            self.next = self.next.max(at);
+            self.beyond = None;
+        } else if self.beyond == Some(at) {
+            self.next = self.to;
+        } else {
+            self.beyond = Some(at);
+        }
     }
 }
 
@@ -160,23 +177,44 @@ impl Records {
 /// Reads every partition's `[begin, end)` with the source's long-lived consumer `c`;
 /// partitions missing from `begin` (added since) start at 0, with the data-loss check.
 /// Records come out ordered by (topic, partition, offset). The consumer is unassigned
-/// afterwards, whatever happened: it fetches nothing between batches (no prefetched records
-/// held in memory), and what it had prefetched for this range is dropped with the assignment.
+/// afterwards, whatever happened, and its queue emptied: it fetches nothing between batches
+/// and holds no prefetched records (librdkafka discards those of a stopped assignment when
+/// they are polled).
 pub fn read(
     c: &BaseConsumer,
     o: &KafkaOptions,
     begin: &PartitionOffsets,
     end: &PartitionOffsets,
 ) -> Result<RecordBatch, KafkaSourceError> {
+    // Errors queued while nothing polled (a broker that restarted while the sinks wrote or
+    // the query waited) are about connections since re-made, not about this read.
+    drain(c);
     let read = read_assigned(c, o, begin, end);
     let unassigned = c.unassign().map_err(|source| KafkaSourceError::Kafka {
         action: "unassigning the partitions read".into(),
         source,
     });
+    drain(c);
     let batch = read?;
     unassigned?;
     Ok(batch)
 }
+
+/// Polls the unassigned consumer until its queue is empty (at most [`DRAIN_MAX`] events),
+/// dropping what it gives: records of a stopped assignment and stale errors.
+fn drain(c: &BaseConsumer) {
+    for _ in 0..DRAIN_MAX {
+        match c.poll(std::time::Duration::ZERO) {
+            None => return,
+            Some(Err(e)) => tracing::debug!("Kafka: dropping a queued error between batches: {e}"),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+/// Events one drain takes at most: a bound, so a client that keeps failing cannot hold the
+/// batch (the read that follows reports what is still wrong).
+const DRAIN_MAX: usize = 100_000;
 
 fn read_assigned(
     c: &BaseConsumer,
@@ -207,6 +245,7 @@ fn read_assigned(
                     from,
                     to,
                     next: from,
+                    beyond: None,
                     offsets: Vec::with_capacity(n),
                     timestamps: Vec::with_capacity(n),
                     timestamp_types: Vec::with_capacity(n),
@@ -297,7 +336,7 @@ fn read_assigned(
                                     .iter_mut()
                                     .find(|p| p.partition == e.partition() && p.topic == e.topic())
                             {
-                                part.next = part.next.max(at);
+                                part.advance_to(at);
                             }
                         }
                     }
