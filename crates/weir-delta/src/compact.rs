@@ -38,9 +38,7 @@ pub const COMPACT_TARGET_BYTES: u64 = 4 << 20;
 /// Rows per row group in the files compaction writes. The Parquet writer holds the row group
 /// it is filling in memory (arrow-rs closes one at 1,048,576 rows), and a compacted file of
 /// ten-row batches holds about a million rows at [`COMPACT_TARGET_BYTES`]: the cap keeps what
-/// one compaction buffers the same whatever the size of the file it rewrites. (A soak's slow
-/// growth of private memory with the default tombstone retention came from the tombstones,
-/// not from this buffer: see [`DEFAULT_DELETED_FILE_RETENTION`].)
+/// one compaction buffers the same whatever the size of the file it rewrites.
 pub const COMPACT_ROW_GROUP_ROWS: usize = 64 * 1024;
 
 /// A batch smaller than this (Arrow memory size) counts as small.
@@ -49,9 +47,6 @@ pub const SMALL_BATCH_BYTES: usize = 8 << 20;
 pub const AUTO_AFTER_SMALL_BATCHES: u64 = 100;
 
 /// How long a table a sink creates keeps the tombstones of replaced files in its checkpoints.
-/// delta-rs also holds them in memory when it loads the table (about 260 bytes each: one per
-/// small file compacted away, so about one per tiny batch), so a sink's memory grows for this
-/// long and then holds: at a one-second trigger about 86,400 tombstones, some 22 MB.
 pub const DEFAULT_DELETED_FILE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// The table property that holds the tombstone retention.
