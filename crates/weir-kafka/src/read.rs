@@ -177,9 +177,10 @@ impl Records {
 /// Reads every partition's `[begin, end)` with the source's long-lived consumer `c`;
 /// partitions missing from `begin` (added since) start at 0, with the data-loss check.
 /// Records come out ordered by (topic, partition, offset). The consumer is unassigned
-/// afterwards, whatever happened, and its queue emptied: it fetches nothing between batches
-/// and holds no prefetched records (librdkafka discards those of a stopped assignment when
-/// they are polled).
+/// afterwards, whatever happened, so it fetches nothing between batches; records it had
+/// prefetched past the range, and errors queued while nothing polled, are dropped at the start
+/// of the next read. (Emptying the queue right after the read instead cost a 150,000-record
+/// batch up to half its read time: the records fetched past its end came back one by one.)
 pub fn read(
     c: &BaseConsumer,
     o: &KafkaOptions,
@@ -194,7 +195,6 @@ pub fn read(
         action: "unassigning the partitions read".into(),
         source,
     });
-    drain(c);
     let batch = read?;
     unassigned?;
     Ok(batch)
