@@ -103,6 +103,19 @@ impl KafkaSource {
         }
     }
 
+    /// Runs `f` on the blocking pool with the source's long-lived consumer (see
+    /// [`with_client`]).
+    async fn with_reader<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&BaseConsumer, &KafkaOptions) -> std::result::Result<T, KafkaSourceError>
+        + Send
+        + 'static,
+    ) -> Result<T> {
+        let reader = self.reader.clone();
+        self.blocking(move |o| with_client(&reader, || consumer(o), |c| f(c, o)))
+            .await
+    }
+
     /// The first batch's start: recorded in `sources/0/0` once, then always read from there.
     async fn initial_offsets(&self) -> Result<PartitionOffsets> {
         let log = self
@@ -124,32 +137,23 @@ impl KafkaSource {
             return offsets::parse(&v).map_err(|e| self.err(e));
         }
         let starting = self.opts.starting_offsets.clone();
-        let reader = self.reader.clone();
         let initial = self
-            .blocking(move |o| {
-                with_client(
-                    &reader,
-                    || consumer(o),
-                    |c| {
-                        let mut out = PartitionOffsets::new();
-                        for (t, p) in partitions(c, o)? {
-                            let (low, high) = watermarks(c, &t, p)?;
-                            let at = match &starting {
-                                StartingOffsets::Earliest => low,
-                                StartingOffsets::Latest => high,
-                                StartingOffsets::Explicit(m) => {
-                                    match m.get(&t).and_then(|ps| ps.get(&p)) {
-                                        Some(-2) | None => low,
-                                        Some(-1) => high,
-                                        Some(&o) => o,
-                                    }
-                                }
-                            };
-                            out.entry(t).or_default().insert(p, at);
-                        }
-                        Ok(out)
-                    },
-                )
+            .with_reader(move |c, o| {
+                let mut out = PartitionOffsets::new();
+                for (t, p) in partitions(c, o)? {
+                    let (low, high) = watermarks(c, &t, p)?;
+                    let at = match &starting {
+                        StartingOffsets::Earliest => low,
+                        StartingOffsets::Latest => high,
+                        StartingOffsets::Explicit(m) => match m.get(&t).and_then(|ps| ps.get(&p)) {
+                            Some(-2) | None => low,
+                            Some(-1) => high,
+                            Some(&o) => o,
+                        },
+                    };
+                    out.entry(t).or_default().insert(p, at);
+                }
+                Ok(out)
             })
             .await?;
         let body: Bytes = render([offsets::to_json(&initial).to_string()]);
@@ -172,50 +176,41 @@ impl KafkaSource {
     /// Where each partition begins (checked for data loss) and its latest offset now.
     async fn positions(&self, begin: PartitionOffsets) -> Result<(Positions, Positions)> {
         let fail = self.opts.fail_on_data_loss;
-        let reader = self.reader.clone();
-        self.blocking(move |o| {
-            with_client(
-                &reader,
-                || consumer(o),
-                |c| {
-                    let mut begins = BTreeMap::new();
-                    let mut highs = BTreeMap::new();
-                    let current = partitions(c, o)?;
-                    for (t, ps) in &begin {
-                        for p in ps.keys() {
-                            if !current.contains(&(t.clone(), *p)) {
-                                let e = KafkaSourceError::DataLoss {
-                                    topic: t.clone(),
-                                    partition: *p,
-                                    detail: "the partition is gone".into(),
-                                };
-                                if fail {
-                                    return Err(e);
-                                }
-                                tracing::warn!("{e}; dropping it (failOnDataLoss=false)");
-                            }
-                        }
-                    }
-                    for (t, p) in current {
-                        let (low, high) = watermarks(c, &t, p)?;
-                        let b = match begin.get(&t).and_then(|ps| ps.get(&p)) {
-                            Some(&b) => check_loss(fail, &t, p, b, low, high)?,
-                            // A partition added since the last batch starts at 0, as in Spark;
-                            // anything else means its first records are gone.
-                            None => {
-                                let b = check_loss(fail, &t, p, 0, low, high)?;
-                                tracing::info!(
-                                    "topic {t}: new partition {p}, read from offset {b}"
-                                );
-                                b
-                            }
+        self.with_reader(move |c, o| {
+            let mut begins = BTreeMap::new();
+            let mut highs = BTreeMap::new();
+            let current = partitions(c, o)?;
+            for (t, ps) in &begin {
+                for p in ps.keys() {
+                    if !current.contains(&(t.clone(), *p)) {
+                        let e = KafkaSourceError::DataLoss {
+                            topic: t.clone(),
+                            partition: *p,
+                            detail: "the partition is gone".into(),
                         };
-                        begins.insert((t.clone(), p), b);
-                        highs.insert((t, p), high);
+                        if fail {
+                            return Err(e);
+                        }
+                        tracing::warn!("{e}; dropping it (failOnDataLoss=false)");
                     }
-                    Ok((begins, highs))
-                },
-            )
+                }
+            }
+            for (t, p) in current {
+                let (low, high) = watermarks(c, &t, p)?;
+                let b = match begin.get(&t).and_then(|ps| ps.get(&p)) {
+                    Some(&b) => check_loss(fail, &t, p, b, low, high)?,
+                    // A partition added since the last batch starts at 0, as in Spark;
+                    // anything else means its first records are gone.
+                    None => {
+                        let b = check_loss(fail, &t, p, 0, low, high)?;
+                        tracing::info!("topic {t}: new partition {p}, read from offset {b}");
+                        b
+                    }
+                };
+                begins.insert((t.clone(), p), b);
+                highs.insert((t, p), high);
+            }
+            Ok((begins, highs))
         })
         .await
     }
@@ -356,11 +351,8 @@ impl Source for KafkaSource {
     ) -> Result<DataFrame> {
         let begin = self.start_of(start).await?;
         let end = offsets::parse(end.json()).map_err(|e| self.err(e))?;
-        let reader = self.reader.clone();
         let batch = self
-            .blocking(move |o| {
-                with_client(&reader, || consumer(o), |c| read::read(c, o, &begin, &end))
-            })
+            .with_reader(move |c, o| read::read(c, o, &begin, &end))
             .await?;
         ctx.read_batch(batch)
             .map_err(|e| Error::datafusion(format!("{}: holding the batch", self.description()), e))
