@@ -31,7 +31,14 @@ use deltalake::logstore::{
     CommitOrBytes, LogStore, LogStoreConfig, LogStoreFactory, ObjectStoreFactory, ObjectStoreRef,
     StorageConfig, default_logstore, logstore_factories, object_store_factories,
 };
-use deltalake::{DeltaResult, DeltaTableError, ObjectStore, Path};
+use deltalake::{DeltaResult, DeltaTable, DeltaTableError, ObjectStore, Path};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
+};
+use std::ops::Range;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use url::Url;
 use uuid::Uuid;
@@ -87,12 +94,10 @@ impl LogStoreFactory for Logs {
         location: &Url,
         options: &StorageConfig,
     ) -> DeltaResult<Arc<dyn LogStore>> {
-        Ok(Arc::new(BoundedReads(default_logstore(
-            prefixed_store,
-            root_store,
-            location,
-            options,
-        ))))
+        Ok(Arc::new(BoundedReads {
+            inner: default_logstore(prefixed_store, root_store, location, options),
+            unlisted_log: false,
+        }))
     }
 }
 
@@ -104,13 +109,49 @@ pub const LOG_FILES_AT_ONCE: NonZero<usize> = NonZero::<usize>::MIN.saturating_a
 const LOG_ROWS_PER_BATCH: NonZero<usize> = NonZero::<usize>::MIN.saturating_add(255);
 
 /// delta-rs's default log store with a kernel engine that reads at most
-/// [`LOG_FILES_AT_ONCE`] log files at a time; everything else is passed through.
-struct BoundedReads(Arc<dyn LogStore>);
+/// [`LOG_FILES_AT_ONCE`] log files at a time; everything else is passed through, but for
+/// [`unlisted_log`](Self::unlisted_log).
+struct BoundedReads {
+    inner: Arc<dyn LogStore>,
+    /// Whether the store it hands out lists nothing under `_delta_log` (see
+    /// [`for_compaction`]).
+    unlisted_log: bool,
+}
 
 impl std::fmt::Debug for BoundedReads {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BoundedReads({})", self.0.name())
+        write!(f, "BoundedReads({})", self.inner.name())
     }
+}
+
+/// `table` with a log store whose object store lists nothing for a whole-log listing
+/// (`list` of `_delta_log` without an offset), for delta-rs's OPTIMIZE.
+///
+/// OPTIMIZE commits with delta-rs's default commit properties, dropping the
+/// `cleanup_expired_logs = false` weir passes (deltalake-core 1.1.3,
+/// `operations/optimize.rs`), so its post-commit hook runs `cleanup_expired_logs_for`,
+/// which lists and holds every entry of `_delta_log`: a table keeps 30 days of commits by
+/// default, one per batch, so each compaction's cost and memory grew with every batch (a
+/// rate -> Delta append soak's RSS grew 12% over 53,000 batches). The whole-log listing is
+/// that hook's only use of `list` on the log in an OPTIMIZE (the snapshot reads the log
+/// through the kernel engine, on the root store and with an offset), and with nothing
+/// listed the hook finds no checkpoint and removes nothing. Expired log files are removed
+/// by weir's own cleanup ([`crate::log_cleanup`]) instead, as after every other commit weir
+/// makes. Use the table only for the OPTIMIZE and carry on with [`with_log_store_of`].
+pub(crate) fn for_compaction(table: &DeltaTable) -> DeltaTable {
+    let mut t = DeltaTable::new(Arc::new(BoundedReads {
+        inner: table.log_store(),
+        unlisted_log: true,
+    }));
+    t.state = table.state.clone();
+    t
+}
+
+/// `table`'s state with `original`'s log store (undoes [`for_compaction`]).
+pub(crate) fn with_log_store_of(original: &DeltaTable, table: DeltaTable) -> DeltaTable {
+    let mut t = DeltaTable::new(original.log_store());
+    t.state = table.state;
+    t
 }
 
 #[async_trait::async_trait]
@@ -119,15 +160,15 @@ impl LogStore for BoundedReads {
     /// store named `DefaultLogStore` and would otherwise write a temporary commit file that
     /// the default store's `write_commit_entry` does not accept.
     fn name(&self) -> String {
-        self.0.name()
+        self.inner.name()
     }
 
     async fn refresh(&self) -> DeltaResult<()> {
-        self.0.refresh().await
+        self.inner.refresh().await
     }
 
     async fn read_commit_entry(&self, version: Version) -> DeltaResult<Option<Bytes>> {
-        self.0.read_commit_entry(version).await
+        self.inner.read_commit_entry(version).await
     }
 
     async fn write_commit_entry(
@@ -136,7 +177,7 @@ impl LogStore for BoundedReads {
         commit_or_bytes: CommitOrBytes,
         operation_id: Uuid,
     ) -> Result<(), TransactionError> {
-        self.0
+        self.inner
             .write_commit_entry(version, commit_or_bytes, operation_id)
             .await
     }
@@ -147,21 +188,29 @@ impl LogStore for BoundedReads {
         commit_or_bytes: CommitOrBytes,
         operation_id: Uuid,
     ) -> Result<(), TransactionError> {
-        self.0
+        self.inner
             .abort_commit_entry(version, commit_or_bytes, operation_id)
             .await
     }
 
     async fn get_latest_version(&self, start_version: Version) -> DeltaResult<Version> {
-        self.0.get_latest_version(start_version).await
+        self.inner.get_latest_version(start_version).await
     }
 
     fn object_store(&self, operation_id: Option<Uuid>) -> Arc<dyn ObjectStore> {
-        self.0.object_store(operation_id)
+        let store = self.inner.object_store(operation_id);
+        if self.unlisted_log {
+            Arc::new(UnlistedLog {
+                inner: store,
+                log: self.inner.log_path().clone(),
+            })
+        } else {
+            store
+        }
     }
 
     fn root_object_store(&self, operation_id: Option<Uuid>) -> Arc<dyn ObjectStore> {
-        self.0.root_object_store(operation_id)
+        self.inner.root_object_store(operation_id)
     }
 
     fn engine(&self, operation_id: Option<Uuid>) -> Arc<dyn Engine> {
@@ -184,27 +233,27 @@ impl LogStore for BoundedReads {
     }
 
     fn to_uri(&self, location: &Path) -> String {
-        self.0.to_uri(location)
+        self.inner.to_uri(location)
     }
 
     fn root_url(&self) -> &Url {
-        self.0.root_url()
+        self.inner.root_url()
     }
 
     fn log_path(&self) -> &Path {
-        self.0.log_path()
+        self.inner.log_path()
     }
 
     fn transaction_url(&self, operation_id: Option<Uuid>) -> DeltaResult<Url> {
-        self.0.transaction_url(operation_id)
+        self.inner.transaction_url(operation_id)
     }
 
     async fn is_delta_table_location(&self) -> DeltaResult<bool> {
-        self.0.is_delta_table_location().await
+        self.inner.is_delta_table_location().await
     }
 
     fn config(&self) -> &LogStoreConfig {
-        self.0.config()
+        self.inner.config()
     }
 
     /// The key the table's store is registered under in DataFusion. delta-rs puts the
@@ -223,8 +272,102 @@ impl LogStore for BoundedReads {
             .collect();
         match ObjectStoreUrl::parse(format!("delta-rs://{encoded}")) {
             Ok(u) => u,
-            Err(_) => self.0.object_store_url(),
+            Err(_) => self.inner.object_store_url(),
         }
+    }
+}
+
+/// An object store that lists nothing for `list(Some(log))`; everything else, including
+/// `list_with_offset` and listings of any other prefix, is passed through.
+#[derive(Debug)]
+struct UnlistedLog {
+    inner: Arc<dyn ObjectStore>,
+    log: Path,
+}
+
+impl std::fmt::Display for UnlistedLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UnlistedLog({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for UnlistedLog {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[Range<u64>],
+    ) -> object_store::Result<Vec<Bytes>> {
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        if prefix == Some(&self.log) {
+            return futures::stream::empty().boxed();
+        }
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: RenameOptions,
+    ) -> object_store::Result<()> {
+        self.inner.rename_opts(from, to, options).await
     }
 }
 

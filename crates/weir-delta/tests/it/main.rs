@@ -430,17 +430,7 @@ async fn expired_log_files_are_removed_at_checkpoints_and_the_table_reads_whole(
         sink.call(df(&[(i, "a", i)]), ctx(q, id)).await.unwrap();
     }
     let log = dir.path().join("t/_delta_log");
-    let versions = |suffix: &str| -> Vec<u64> {
-        let mut v: Vec<u64> = std::fs::read_dir(&log)
-            .unwrap()
-            .filter_map(|e| {
-                let name = e.unwrap().file_name().into_string().unwrap();
-                name.strip_suffix(suffix)?.parse().ok()
-            })
-            .collect();
-        v.sort();
-        v
-    };
+    let versions = |suffix: &str| log_versions(&log, suffix);
     // Versions 0..=205 (batch 0, the property commit, batches 1..205); the reload at 200
     // removes everything below checkpoint 199.
     assert_eq!(versions(".json"), (199..=205).collect::<Vec<_>>());
@@ -461,6 +451,87 @@ async fn expired_log_files_are_removed_at_checkpoints_and_the_table_reads_whole(
     assert_eq!(versions(".json"), (299..=more).collect::<Vec<_>>());
     assert_eq!(versions(".checkpoint.parquet"), vec![299, 399]);
     assert_eq!(table_rows(&at).await.len() as u64, more);
+}
+
+/// The commit file versions in the `_delta_log` folder `log` whose names end in `suffix`.
+fn log_versions(log: &std::path::Path, suffix: &str) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(log)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(suffix)?.parse().ok()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// OPTIMIZE's own commit does not run delta-rs's log cleanup (which lists the whole
+/// `_delta_log`, 30 days of commits by default, at every compaction): with a checkpoint
+/// every 10 versions and no log retention, every commit file is still there after several
+/// compactions until weir's own cleanup at the reload of the cached table removes the ones
+/// below the newest checkpoint; the table reads whole and replays still skip.
+#[tokio::test]
+async fn compactions_leave_expired_log_files_to_the_cleanup_at_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = table(&dir);
+    let sink = DeltaAppend::new(at.clone()).optimize_every(10);
+    let q = uuid::Uuid::new_v4();
+    sink.call(df(&[(0, "a", 0)]), ctx(q, 0)).await.unwrap();
+    let props = std::collections::HashMap::from([
+        (
+            "delta.logRetentionDuration".to_string(),
+            "interval 0 seconds".to_string(),
+        ),
+        ("delta.checkpointInterval".to_string(), "10".to_string()),
+    ]);
+    weir_delta::open(&at, 0)
+        .await
+        .unwrap()
+        .set_tbl_properties()
+        .with_properties(props)
+        .await
+        .unwrap();
+    let log = dir.path().join("t/_delta_log");
+    let mut id = 1;
+    // Versions 0 (batch 0), 1 (the properties), then a commit per batch and one per
+    // compaction (after batches 9, 19, ...): below the reload at version 100.
+    while table_version(&at).await.unwrap().unwrap() < 90 {
+        let i = id as i64;
+        sink.call(df(&[(i, "a", i)]), ctx(q, id)).await.unwrap();
+        id += 1;
+    }
+    let now = table_version(&at).await.unwrap().unwrap();
+    let data = weir_delta::data_commits(&at).await.unwrap().unwrap();
+    assert!(
+        now + 1 - data >= 8,
+        "at least 8 compactions by version {now}"
+    );
+    assert_eq!(log_versions(&log, ".json"), (0..=now).collect::<Vec<_>>());
+    assert!(log_versions(&log, ".checkpoint.parquet").len() >= 8);
+    // Past the reload: the files below the newest checkpoint go.
+    while table_version(&at).await.unwrap().unwrap() < 105 {
+        let i = id as i64;
+        sink.call(df(&[(i, "a", i)]), ctx(q, id)).await.unwrap();
+        id += 1;
+    }
+    let json = log_versions(&log, ".json");
+    let checkpoints = log_versions(&log, ".checkpoint.parquet");
+    assert!(json[0] >= 90, "expired commit files removed: {json:?}");
+    assert_eq!(Some(&json[0]), checkpoints.first(), "{checkpoints:?}");
+    assert_eq!(table_rows(&at).await.len() as u64, id);
+    assert_eq!(
+        recorded_version(&at, &ctx(q, 0).app_id()).await.unwrap(),
+        Some(id as i64 - 1)
+    );
+    let replay = ctx(q, id - 1).replay(true);
+    sink.call(df(&[(0, "a", 0)]), replay.clone()).await.unwrap();
+    assert_eq!(replay.metrics.skipped(), 1);
+    assert_eq!(
+        table_rows(&at).await.len() as u64,
+        id,
+        "the replay is skipped"
+    );
 }
 
 #[tokio::test]
