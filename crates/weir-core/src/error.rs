@@ -47,6 +47,12 @@ pub enum Error {
     #[error("Failed to read log file {path}. {reason}")]
     CorruptLog { path: String, reason: String },
 
+    /// A state file of a stateful operator is missing, cut short or not what its name says.
+    /// State is never rebuilt from less than all of its files: restore the file, or start
+    /// the query on a new checkpoint.
+    #[error("state file {path} cannot be used: {reason}")]
+    CorruptState { path: String, reason: String },
+
     /// The logs of a checkpoint contradict each other (a gap, a commit without an
     /// offset entry, more than one uncommitted batch).
     #[error("checkpoint {dir} is inconsistent: {source}")]

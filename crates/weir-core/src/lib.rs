@@ -21,6 +21,7 @@ pub mod error;
 pub mod fault;
 pub mod sink;
 pub mod source;
+pub mod state;
 pub mod storage;
 
 pub use api::{

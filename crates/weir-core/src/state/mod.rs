@@ -1,0 +1,370 @@
+//! The versioned state store of stateful operators, in the checkpoint.
+//!
+//! Laid out as Spark lays it out: `state/<operator>/<partition>/<version>.delta` holds the
+//! keys one batch put or removed, every [`StateConf::snapshot_every`]-th version also a
+//! `<version>.snapshot` with every key, and `state/<operator>/_metadata/metadata` the
+//! operator's name and number of partitions. The encoding is weir's own (Arrow IPC files,
+//! see [`encode`]); keys and values are bytes to the store (operators put Arrow rows in them).
+//!
+//! The contract with the engine: batch N loads version N, changes keys, and commits version
+//! N+1 before `commits/N`. Version 0 is the empty state and has no file. A replay of batch N
+//! (after a crash at any point before `commits/N`) loads version N again, so it never sees
+//! its first attempt's changes, and its commit replaces the first attempt's N+1 files
+//! (atomically: a reader sees the old file or the new one, never a mix). Only version N+1 of
+//! an uncommitted batch is ever replaced; every committed version's files stay as written.
+//!
+//! A store keeps its version in memory between batches, so a batch reads no file: files are
+//! read when a store first loads (or loads a version other than the one it holds), and the
+//! folder is listed once then. A missing or damaged file is an error naming it
+//! ([`Error::CorruptState`]), never an empty or shorter state. Retention keeps the newest
+//! [`StateConf::retain`] versions loadable (Spark's `minBatchesToRetain`) and deletes what
+//! only older versions needed.
+
+mod encode;
+pub mod files;
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::storage::Location;
+
+use files::{Files, Kind, file_name};
+
+/// How a store writes and keeps its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateConf {
+    /// A snapshot every this many versions (Spark: `minDeltasForSnapshot`, 10).
+    pub snapshot_every: u64,
+    /// Versions kept loadable (Spark: `minBatchesToRetain`, 100).
+    pub retain: u64,
+}
+
+impl Default for StateConf {
+    fn default() -> Self {
+        StateConf {
+            snapshot_every: 10,
+            retain: 100,
+        }
+    }
+}
+
+/// Bytes a key takes in memory beyond its key and value bytes (two vectors and the hash
+/// table's slot), for the memory figure progress reports.
+const ENTRY_OVERHEAD: usize = 2 * std::mem::size_of::<Vec<u8>>() + 16;
+
+/// The state of one partition of one operator.
+#[derive(Debug)]
+pub struct StateStore {
+    dir: Location,
+    conf: StateConf,
+    /// The files there are, once listed (`None`: not listed yet).
+    files: Option<Files>,
+    /// The version `committed` holds (`None`: nothing loaded).
+    version: Option<u64>,
+    committed: HashMap<Vec<u8>, Vec<u8>>,
+    /// This attempt's changes: `Some`: put, `None`: removed.
+    pending: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Key and value bytes in `committed`.
+    bytes: usize,
+}
+
+impl StateStore {
+    /// The store whose files are in `dir` (`state/<operator>/<partition>`).
+    pub fn new(dir: Location, conf: StateConf) -> Self {
+        StateStore {
+            dir,
+            conf,
+            files: None,
+            version: None,
+            committed: HashMap::new(),
+            pending: HashMap::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The version loaded (`None` before the first [`Self::load`]).
+    pub fn version(&self) -> Option<u64> {
+        self.version
+    }
+
+    /// Makes the store hold `version`, dropping changes not committed. A store that holds
+    /// it already reads nothing.
+    pub async fn load(&mut self, version: u64) -> Result<()> {
+        self.pending.clear();
+        if self.version == Some(version) {
+            return Ok(());
+        }
+        self.version = None;
+        self.committed.clear();
+        self.bytes = 0;
+        let files = match self.files.take() {
+            Some(f) => f,
+            None => {
+                let names = self.dir.list_names().await?;
+                Files::from_names(names.iter().map(String::as_str))
+            }
+        };
+        let plan = files.plan(version);
+        self.files = Some(files);
+        let plan = plan.map_err(|missing| Error::CorruptState {
+            path: self.dir.describe(&file_name(missing, Kind::Delta)),
+            reason: format!("it is missing, and version {version} of the state needs it"),
+        })?;
+        if let Some(s) = plan.snapshot {
+            let bytes = self.read(s, Kind::Snapshot).await?;
+            let (map, total) = (&mut self.committed, &mut self.bytes);
+            encode::decode(bytes, Kind::Snapshot, s, |k, v| {
+                if let Some(v) = v {
+                    *total += k.len() + v.len();
+                    map.insert(k.to_vec(), v.to_vec());
+                }
+            })
+            .map_err(|reason| self.corrupt(s, Kind::Snapshot, reason))?;
+        }
+        for v in plan.deltas {
+            let bytes = self.read(v, Kind::Delta).await?;
+            let (map, total) = (&mut self.committed, &mut self.bytes);
+            encode::decode(bytes, Kind::Delta, v, |k, value| {
+                apply(map, total, k.to_vec(), value.map(<[u8]>::to_vec));
+            })
+            .map_err(|reason| self.corrupt(v, Kind::Delta, reason))?;
+        }
+        self.version = Some(version);
+        Ok(())
+    }
+
+    /// The value of `key` as this attempt sees it.
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        match self.pending.get(key) {
+            Some(change) => change.as_deref(),
+            None => self.committed.get(key).map(Vec::as_slice),
+        }
+    }
+
+    /// Sets `key` to `value`.
+    pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.pending.insert(key, Some(value));
+    }
+
+    /// Removes `key`.
+    pub fn remove(&mut self, key: Vec<u8>) {
+        self.pending.insert(key, None);
+    }
+
+    /// Every key and value as this attempt sees them, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let committed = self
+            .committed
+            .iter()
+            .filter(|(k, _)| !self.pending.contains_key(*k))
+            .map(|(k, v)| (k.as_slice(), v.as_slice()));
+        let pending = self
+            .pending
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_slice(), v.as_deref()?)));
+        committed.chain(pending)
+    }
+
+    /// Keys in the committed version.
+    pub fn len(&self) -> usize {
+        self.committed.len()
+    }
+
+    /// Whether the committed version holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.committed.is_empty()
+    }
+
+    /// Memory the committed version takes, estimated (progress's `memoryUsedBytes`).
+    pub fn memory_bytes(&self) -> usize {
+        self.bytes + self.committed.len() * ENTRY_OVERHEAD
+    }
+
+    /// Writes this attempt's changes as the next version (its delta, and a snapshot when one
+    /// is due), durably, then lets retention delete what no kept version needs. Returns the
+    /// version written.
+    pub async fn commit(&mut self) -> Result<u64> {
+        let base = self.version.ok_or_else(|| Error::Internal {
+            what: format!("state {}: commit without a loaded version", self.dir),
+        })?;
+        let next = base + 1;
+        let mut changes: Vec<(Vec<u8>, Option<Vec<u8>>)> = self.pending.drain().collect();
+        // Sorted, so a replay that makes the same changes writes the same bytes.
+        changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let delta = encode::encode(
+            Kind::Delta,
+            next,
+            changes.iter().map(|(k, v)| (k.as_slice(), v.as_deref())),
+        )
+        .map_err(|reason| self.corrupt(next, Kind::Delta, format!("encoding: {reason}")))?;
+        self.dir.create_dir().await?;
+        self.dir.put(&file_name(next, Kind::Delta), delta).await?;
+        let files = self.files.get_or_insert_with(Files::default);
+        files.add(next, Kind::Delta);
+        for (k, v) in changes {
+            apply(&mut self.committed, &mut self.bytes, k, v);
+        }
+        self.version = Some(next);
+        if next.is_multiple_of(self.conf.snapshot_every.max(1)) {
+            let mut rows: Vec<(&[u8], Option<&[u8]>)> = self
+                .committed
+                .iter()
+                .map(|(k, v)| (k.as_slice(), Some(v.as_slice())))
+                .collect();
+            rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            let snapshot =
+                encode::encode(Kind::Snapshot, next, rows.into_iter()).map_err(|reason| {
+                    self.corrupt(next, Kind::Snapshot, format!("encoding: {reason}"))
+                })?;
+            self.dir
+                .put(&file_name(next, Kind::Snapshot), snapshot)
+                .await?;
+            if let Some(f) = self.files.as_mut() {
+                f.add(next, Kind::Snapshot);
+            }
+        }
+        let gone = self
+            .files
+            .as_ref()
+            .map(|f| f.purge(next, self.conf.retain))
+            .unwrap_or_default();
+        if !gone.is_empty() {
+            let names = gone.iter().map(|(v, k)| file_name(*v, *k)).collect();
+            self.dir.delete_many(names).await?;
+            if let Some(f) = self.files.as_mut() {
+                for (v, k) in gone {
+                    f.remove(v, k);
+                }
+            }
+        }
+        Ok(next)
+    }
+
+    async fn read(&self, version: u64, kind: Kind) -> Result<bytes::Bytes> {
+        let name = file_name(version, kind);
+        self.dir
+            .get(&name)
+            .await?
+            .ok_or_else(|| Error::CorruptState {
+                path: self.dir.describe(&name),
+                reason: "it is missing".into(),
+            })
+    }
+
+    fn corrupt(&self, version: u64, kind: Kind, reason: String) -> Error {
+        Error::CorruptState {
+            path: self.dir.describe(&file_name(version, kind)),
+            reason,
+        }
+    }
+}
+
+fn apply(
+    map: &mut HashMap<Vec<u8>, Vec<u8>>,
+    bytes: &mut usize,
+    key: Vec<u8>,
+    value: Option<Vec<u8>>,
+) {
+    let klen = key.len();
+    let old = match value {
+        Some(v) => {
+            *bytes += klen + v.len();
+            map.insert(key, v)
+        }
+        None => map.remove(&key),
+    };
+    if let Some(old) = old {
+        *bytes = bytes.saturating_sub(klen + old.len());
+    }
+}
+
+/// `state/<operator>/_metadata/metadata`: what the operator's state was written by.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorMetadata {
+    pub operator_info: OperatorInfo,
+    pub state_store_info: Vec<StoreInfo>,
+}
+
+/// The operator part of [`OperatorMetadata`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorInfo {
+    pub operator_id: u32,
+    pub operator_name: String,
+}
+
+/// One store of an operator in [`OperatorMetadata`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreInfo {
+    pub store_name: String,
+    pub num_cols_prefix_key: u32,
+    pub num_partitions: u32,
+}
+
+impl OperatorMetadata {
+    /// Spark's shape for an operator with one store (`default`) of `partitions` partitions.
+    pub fn new(operator_id: u32, operator_name: &str, partitions: u32) -> Self {
+        OperatorMetadata {
+            operator_info: OperatorInfo {
+                operator_id,
+                operator_name: operator_name.to_string(),
+            },
+            state_store_info: vec![StoreInfo {
+                store_name: "default".into(),
+                num_cols_prefix_key: 0,
+                num_partitions: partitions,
+            }],
+        }
+    }
+
+    /// Writes this as operator `operator_info.operator_id`'s metadata under `state_root`
+    /// (the checkpoint's `state` folder) the first time; later, refuses a query whose
+    /// operator or number of partitions differs from what the state was written with.
+    pub async fn ensure(&self, state_root: &Location) -> Result<()> {
+        let dir = state_root.join(&format!("{}/_metadata", self.operator_info.operator_id));
+        let json = serde_json::to_string(self).map_err(|e| Error::Internal {
+            what: format!("encoding state metadata: {e}"),
+        })?;
+        dir.create_dir().await?;
+        let bytes = crate::checkpoint::log::render([json]);
+        if let crate::storage::WriteOutcome::Written = dir.put_new("metadata", bytes).await? {
+            return Ok(());
+        }
+        let path = dir.describe("metadata");
+        let found = dir
+            .get("metadata")
+            .await?
+            .ok_or_else(|| Error::CorruptState {
+                path: path.clone(),
+                reason: "it vanished while being read".into(),
+            })?;
+        let lines = crate::checkpoint::log::parse_versioned(&found, &path, 1, "state metadata")?;
+        let line = lines.first().map(String::as_str).unwrap_or_default();
+        let found: OperatorMetadata = crate::checkpoint::log::parse_line(&path, 2, line)?;
+        if found != *self {
+            return Err(Error::Config {
+                key: "state".into(),
+                reason: format!(
+                    "the checkpoint's state for operator {} was written by {} with {} \
+                     partition(s) ({path}); this query has {} with {}: a stateful query's \
+                     operators and partitions cannot change on the same checkpoint",
+                    found.operator_info.operator_id,
+                    found.operator_info.operator_name,
+                    partitions(&found),
+                    self.operator_info.operator_name,
+                    partitions(self),
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn partitions(m: &OperatorMetadata) -> u32 {
+    m.state_store_info.first().map_or(0, |s| s.num_partitions)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,261 @@
+use std::collections::BTreeMap;
+
+use super::*;
+
+fn conf(snapshot_every: u64, retain: u64) -> StateConf {
+    StateConf {
+        snapshot_every,
+        retain,
+    }
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("k{i:04}").into_bytes()
+}
+
+fn contents(s: &StateStore) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    s.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
+}
+
+/// Batch `b`'s changes, the same on every attempt: puts key b % 7 (its value the batch),
+/// removes key (b + 3) % 7 unless that is the same key.
+fn run_batch(s: &mut StateStore, b: u64) {
+    s.put(key(b % 7), b.to_le_bytes().to_vec());
+    if (b + 3) % 7 != b % 7 {
+        s.remove(key((b + 3) % 7));
+    }
+}
+
+/// The reference: the same changes applied to a plain map, batches 0..n.
+fn reference(n: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    for b in 0..n {
+        m.insert(key(b % 7), b.to_le_bytes().to_vec());
+        if (b + 3) % 7 != b % 7 {
+            m.remove(&key((b + 3) % 7));
+        }
+    }
+    m
+}
+
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    v.sort_by_key(|n| files::parse_name(n));
+    v
+}
+
+#[tokio::test]
+async fn versions_load_from_snapshots_and_deltas_after_a_restart_and_equal_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = Location::local(dir.path().join("state/0/0"));
+    let mut s = StateStore::new(at.clone(), conf(5, 100));
+    for b in 0..23 {
+        s.load(b).await.unwrap();
+        run_batch(&mut s, b);
+        assert_eq!(s.commit().await.unwrap(), b + 1);
+        assert_eq!(contents(&s), reference(b + 1), "in memory after batch {b}");
+    }
+    let listed = names(&dir.path().join("state/0/0"));
+    assert_eq!(listed.len(), 23 + 4, "{listed:?}");
+    assert!(listed.contains(&"20.snapshot".to_string()));
+    // A new process: every version rebuilds from the files to the reference.
+    for v in [0, 1, 4, 5, 6, 19, 20, 23] {
+        let mut fresh = StateStore::new(at.clone(), conf(5, 100));
+        fresh.load(v).await.unwrap();
+        assert_eq!(contents(&fresh), reference(v), "version {v} from files");
+        assert_eq!(fresh.len(), reference(v).len());
+        assert!(fresh.memory_bytes() >= reference(v).len() * 9);
+    }
+}
+
+#[tokio::test]
+async fn a_replay_never_sees_its_first_attempts_changes_and_replaces_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = Location::local(dir.path().join("s"));
+    let mut s = StateStore::new(at.clone(), conf(10, 100));
+    for b in 0..3 {
+        s.load(b).await.unwrap();
+        run_batch(&mut s, b);
+        s.commit().await.unwrap();
+    }
+    // Batch 3, first attempt: changes of its own, committed as version 4, then a crash
+    // before commits/3.
+    s.load(3).await.unwrap();
+    s.put(key(99), b"first attempt".to_vec());
+    s.remove(key(0));
+    s.commit().await.unwrap();
+    // In this process (the engine retrying) and in a new one: version 3 is what batch 3 sees.
+    for fresh in [false, true] {
+        let mut r = if fresh {
+            StateStore::new(at.clone(), conf(10, 100))
+        } else {
+            std::mem::replace(&mut s, StateStore::new(at.clone(), conf(10, 100)))
+        };
+        r.load(3).await.unwrap();
+        assert_eq!(contents(&r), reference(3), "fresh process: {fresh}");
+        assert_eq!(r.get(&key(99)), None);
+        run_batch(&mut r, 3);
+        assert_eq!(r.commit().await.unwrap(), 4);
+    }
+    let mut again = StateStore::new(at, conf(10, 100));
+    again.load(4).await.unwrap();
+    assert_eq!(
+        contents(&again),
+        reference(4),
+        "the replay's version 4 replaced the first"
+    );
+}
+
+#[tokio::test]
+async fn uncommitted_changes_are_dropped_by_the_next_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = StateStore::new(Location::local(dir.path().join("s")), StateConf::default());
+    s.load(0).await.unwrap();
+    s.put(key(1), b"a".to_vec());
+    assert_eq!(s.get(&key(1)), Some(&b"a"[..]));
+    assert_eq!(s.iter().count(), 1);
+    assert!(s.is_empty(), "not committed yet");
+    s.load(0).await.unwrap();
+    assert_eq!(s.get(&key(1)), None);
+    assert_eq!(s.iter().count(), 0);
+    // A put then a remove of the same key within an attempt leaves nothing.
+    s.put(key(2), b"b".to_vec());
+    s.remove(key(2));
+    s.commit().await.unwrap();
+    assert!(s.is_empty());
+    assert_eq!(s.memory_bytes(), 0);
+}
+
+#[tokio::test]
+async fn retention_keeps_the_newest_versions_loadable_and_deletes_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("s");
+    let at = Location::local(&folder);
+    let mut s = StateStore::new(at.clone(), conf(4, 6));
+    for b in 0..30 {
+        s.load(b).await.unwrap();
+        run_batch(&mut s, b);
+        s.commit().await.unwrap();
+    }
+    // Versions 25..=30 must load: snapshot 24 and deltas 25..=30; nothing older.
+    assert_eq!(
+        names(&folder),
+        [
+            "24.snapshot",
+            "25.delta",
+            "26.delta",
+            "27.delta",
+            "28.delta",
+            "28.snapshot",
+            "29.delta",
+            "30.delta"
+        ]
+    );
+    for v in 25..=30 {
+        let mut fresh = StateStore::new(at.clone(), conf(4, 6));
+        fresh.load(v).await.unwrap();
+        assert_eq!(contents(&fresh), reference(v), "version {v}");
+    }
+    let mut fresh = StateStore::new(at, conf(4, 6));
+    let err = fresh.load(20).await.unwrap_err().to_string();
+    assert!(
+        err.contains("1.delta") && err.contains("missing") && err.contains("version 20"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn missing_and_damaged_files_are_errors_naming_them_never_an_empty_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("s");
+    let at = Location::local(&folder);
+    let mut s = StateStore::new(at.clone(), conf(3, 100));
+    for b in 0..5 {
+        s.load(b).await.unwrap();
+        run_batch(&mut s, b);
+        s.commit().await.unwrap();
+    }
+    let load = |v: u64| {
+        let at = at.clone();
+        async move {
+            let mut fresh = StateStore::new(at, conf(3, 100));
+            fresh.load(v).await.map(|()| contents(&fresh))
+        }
+    };
+    // Cut short: the footer is gone.
+    let delta5 = folder.join("5.delta");
+    let whole = std::fs::read(&delta5).unwrap();
+    std::fs::write(&delta5, &whole[..whole.len() / 2]).unwrap();
+    let err = load(5).await.unwrap_err();
+    assert!(matches!(err, Error::CorruptState { .. }), "{err}");
+    let err = err.to_string();
+    assert!(
+        err.contains("5.delta") && err.contains("not a complete"),
+        "{err}"
+    );
+    // Empty.
+    std::fs::write(&delta5, b"").unwrap();
+    assert!(load(5).await.unwrap_err().to_string().contains("5.delta"));
+    // Another version's file under this name.
+    std::fs::copy(folder.join("4.delta"), &delta5).unwrap();
+    let err = load(5).await.unwrap_err().to_string();
+    assert!(
+        err.contains("5.delta") && err.contains("version 4"),
+        "{err}"
+    );
+    std::fs::write(&delta5, &whole).unwrap();
+    assert_eq!(load(5).await.unwrap(), reference(5));
+    // A damaged snapshot is an error too, not a fall back to the deltas.
+    std::fs::write(folder.join("3.snapshot"), b"junk").unwrap();
+    let err = load(4).await.unwrap_err().to_string();
+    assert!(err.contains("3.snapshot"), "{err}");
+    // A delta gone.
+    std::fs::remove_file(folder.join("4.delta")).unwrap();
+    std::fs::remove_file(folder.join("3.snapshot")).unwrap();
+    let err = load(5).await.unwrap_err().to_string();
+    assert!(
+        err.contains("4.delta") && err.contains("version 5"),
+        "{err}"
+    );
+    // A version beyond the files.
+    let err = load(9).await.unwrap_err().to_string();
+    assert!(err.contains("4.delta"), "{err}");
+}
+
+#[tokio::test]
+async fn operator_metadata_is_written_once_in_sparks_shape_and_a_change_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Location::local(dir.path().join("state"));
+    let meta = OperatorMetadata::new(0, "stateStoreSave", 4);
+    meta.ensure(&root).await.unwrap();
+    meta.ensure(&root).await.unwrap();
+    let written = std::fs::read_to_string(dir.path().join("state/0/_metadata/metadata")).unwrap();
+    assert_eq!(
+        written,
+        "v1\n{\"operatorInfo\":{\"operatorId\":0,\"operatorName\":\"stateStoreSave\"},\
+         \"stateStoreInfo\":[{\"storeName\":\"default\",\"numColsPrefixKey\":0,\
+         \"numPartitions\":4}]}"
+    );
+    let err = OperatorMetadata::new(0, "stateStoreSave", 2)
+        .ensure(&root)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("4 partition(s)") && err.contains("with 2") && err.contains("metadata"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_spark_metadata_sample_parses() {
+    let sample = "{\"operatorInfo\":{\"operatorId\":0,\"operatorName\":\"stateStoreSave\"},\
+                  \"stateStoreInfo\":[{\"storeName\":\"default\",\"numColsPrefixKey\":0,\
+                  \"numPartitions\":4}]}";
+    let m: OperatorMetadata = serde_json::from_str(sample).unwrap();
+    assert_eq!(m, OperatorMetadata::new(0, "stateStoreSave", 4));
+}
