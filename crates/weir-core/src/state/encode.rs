@@ -23,6 +23,8 @@ const VERSION_KEY: &str = "weir.state.version";
 /// Rows per record batch in a file: a snapshot of millions of keys is written and read a
 /// slice at a time.
 const ROWS_PER_BATCH: usize = 64 * 1024;
+/// Key and value bytes per record batch at most (a binary column's offsets are 32-bit).
+const BYTES_PER_BATCH: usize = 64 << 20;
 
 fn schema(kind: Kind, version: u64) -> Arc<Schema> {
     let meta = [
@@ -60,14 +62,15 @@ pub fn encode<'a>(
         .map_err(|e| e.to_string())?;
         writer.write(&batch).map_err(|e| e.to_string())
     };
-    let mut n = 0;
+    let (mut n, mut bytes) = (0, 0);
     for (k, v) in rows {
         keys.append_value(k);
         values.append_option(v);
         n += 1;
-        if n == ROWS_PER_BATCH {
+        bytes += k.len() + v.map_or(0, <[u8]>::len);
+        if n == ROWS_PER_BATCH || bytes >= BYTES_PER_BATCH {
             flush(&mut keys, &mut values, &mut writer)?;
-            n = 0;
+            (n, bytes) = (0, 0);
         }
     }
     if n > 0 {
@@ -79,7 +82,9 @@ pub fn encode<'a>(
 }
 
 /// Decodes the file of `version`, calling `row` for each (key, value) in order. The reason
-/// is returned for a file that is not a complete state file of that kind and version.
+/// is returned for a file that is not a complete state file of that kind and version, or
+/// whose keys are not in strictly ascending order (as every file is written: this catches
+/// a repeated key and much damage inside a file).
 pub fn decode(
     bytes: Bytes,
     kind: Kind,
@@ -89,6 +94,13 @@ pub fn decode(
     let reader = FileReader::try_new(Cursor::new(bytes), None)
         .map_err(|e| format!("not a complete Arrow IPC file ({e})"))?;
     let schema = reader.schema();
+    let expected = self::schema(kind, version);
+    if schema.fields() != expected.fields() {
+        return Err(format!(
+            "its columns are {:?}, not key and value (binary)",
+            schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+        ));
+    }
     let meta = schema.metadata();
     let found_kind = meta.get(KIND_KEY).map(String::as_str);
     let found_version = meta.get(VERSION_KEY).and_then(|v| v.parse::<u64>().ok());
@@ -100,6 +112,8 @@ pub fn decode(
             kind.label()
         ));
     }
+    let mut previous: Vec<u8> = Vec::new();
+    let mut rows_read: u64 = 0;
     for batch in reader {
         let batch = batch.map_err(|e| format!("a record batch cannot be read ({e})"))?;
         let column = |i: usize| {
@@ -117,9 +131,19 @@ pub fn decode(
             return Err("a snapshot holds a removed key".into());
         }
         for i in 0..batch.num_rows() {
+            let k = keys.value(i);
+            if rows_read + (i as u64) > 0 && previous.as_slice() >= k {
+                return Err(format!(
+                    "its keys are not in ascending order (row {})",
+                    rows_read + i as u64
+                ));
+            }
             let v = (!values.is_null(i)).then(|| values.value(i));
-            row(keys.value(i), v);
+            row(k, v);
+            previous.clear();
+            previous.extend_from_slice(k);
         }
+        rows_read += batch.num_rows() as u64;
     }
     Ok(())
 }

@@ -38,6 +38,10 @@ pub fn parse_name(name: &str) -> Option<(u64, Kind)> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
+    // `007.delta` is not the name weir gives version 7.
+    if digits.len() > 1 && digits.starts_with('0') {
+        return None;
+    }
     let kind = match suffix {
         "delta" => Kind::Delta,
         "snapshot" => Kind::Snapshot,
@@ -88,11 +92,44 @@ impl Files {
         };
     }
 
-    /// The newest version any file holds (0 when there is none).
-    pub fn newest(&self) -> u64 {
-        let d = self.deltas.last().copied().unwrap_or(0);
-        let s = self.snapshots.last().copied().unwrap_or(0);
-        d.max(s)
+    /// A file of a version after `version`, if there is one.
+    pub fn beyond(&self, version: u64) -> Option<(u64, Kind)> {
+        let d = self
+            .deltas
+            .range(version + 1..)
+            .next()
+            .map(|v| (*v, Kind::Delta));
+        let s = self
+            .snapshots
+            .range(version + 1..)
+            .next()
+            .map(|v| (*v, Kind::Snapshot));
+        d.into_iter().chain(s).min()
+    }
+
+    /// The files of `version`.
+    pub fn at(&self, version: u64) -> Vec<(u64, Kind)> {
+        let d = self
+            .deltas
+            .contains(&version)
+            .then_some((version, Kind::Delta));
+        let s = self
+            .snapshots
+            .contains(&version)
+            .then_some((version, Kind::Snapshot));
+        d.into_iter().chain(s).collect()
+    }
+
+    /// The oldest version the files can build, once retention has let older ones go.
+    pub fn oldest_loadable(&self) -> Option<u64> {
+        let first_delta = self.deltas.first().copied()?;
+        if first_delta <= 1 {
+            return None;
+        }
+        self.snapshots
+            .range(first_delta.saturating_sub(1)..)
+            .next()
+            .copied()
     }
 
     /// Version 0 is the empty state: a `0.snapshot` (no store writes one) is never used.
@@ -173,7 +210,9 @@ mod tests {
         assert_eq!(plan(&f, 5), Err(5));
         let gap = Files::from_names(["1.delta", "3.delta"]);
         assert_eq!(plan(&gap, 3), Err(2));
-        assert_eq!(f.newest(), 4);
+        assert_eq!(f.beyond(3), Some((4, Kind::Delta)));
+        assert_eq!(f.beyond(4), None);
+        assert_eq!(f.at(3), vec![(3, Kind::Delta), (3, Kind::Snapshot)]);
     }
 
     #[test]

@@ -4,14 +4,16 @@
 //! keys one batch put or removed, every [`StateConf::snapshot_every`]-th version also a
 //! `<version>.snapshot` with every key, and `state/<operator>/_metadata/metadata` the
 //! operator's name and number of partitions. The encoding is weir's own (Arrow IPC files,
-//! see [`encode`]); keys and values are bytes to the store (operators put Arrow rows in them).
+//! see [`encode`]); keys and values are bytes to the store (an operator writes them in an encoding it keeps stable across releases, with its schema in the operator's metadata: Arrow's row format may change between Arrow versions).
 //!
 //! The contract with the engine: batch N loads version N, changes keys, and commits version
-//! N+1 before `commits/N`. Version 0 is the empty state and has no file. A replay of batch N
-//! (after a crash at any point before `commits/N`) loads version N again, so it never sees
-//! its first attempt's changes, and its commit replaces the first attempt's N+1 files
-//! (atomically: a reader sees the old file or the new one, never a mix). Only version N+1 of
-//! an uncommitted batch is ever replaced; every committed version's files stay as written.
+//! N+1 before `commits/N`, then (after `commits/N`) calls [`StateStore::purge`]. Version 0
+//! is the empty state and has no file. A replay of batch N (after a crash at any point before
+//! `commits/N`) loads version N again, so it never sees its first attempt's changes; its
+//! commit first deletes whatever files of N+1 the first attempt left, then writes its own
+//! once (`put_new`, as the logs are written: a file that appears meanwhile means another
+//! writer, [`Error::CheckpointInUse`]). Only files of the version after the newest committed
+//! one are ever deleted that way; a file of a later version makes the commit fail.
 //!
 //! A store keeps its version in memory between batches, so a batch reads no file: files are
 //! read when a store first loads (or loads a version other than the one it holds), and the
@@ -33,10 +35,32 @@ use files::{Files, Kind, file_name};
 /// How a store writes and keeps its files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateConf {
-    /// A snapshot every this many versions (Spark: `minDeltasForSnapshot`, 10).
-    pub snapshot_every: u64,
-    /// Versions kept loadable (Spark: `minBatchesToRetain`, 100).
-    pub retain: u64,
+    snapshot_every: u64,
+    retain: u64,
+}
+
+impl StateConf {
+    /// A snapshot every `snapshot_every` versions (Spark: `minDeltasForSnapshot`, 10), the
+    /// newest `retain` versions kept loadable (Spark: `minBatchesToRetain`, 100; at least 2,
+    /// so the version a replay loads is never let go).
+    pub fn new(snapshot_every: u64, retain: u64) -> Result<Self> {
+        if snapshot_every == 0 {
+            return Err(Error::config(
+                "state snapshot interval",
+                "must be at least 1 (a snapshot every N versions)",
+            ));
+        }
+        if retain < 2 {
+            return Err(Error::config(
+                "min-batches-to-retain",
+                format!("{retain} would let go of the state a replay loads; use 2 or more"),
+            ));
+        }
+        Ok(StateConf {
+            snapshot_every,
+            retain,
+        })
+    }
 }
 
 impl Default for StateConf {
@@ -95,8 +119,17 @@ impl StateStore {
             return Ok(());
         }
         self.version = None;
-        self.committed.clear();
+        self.committed = HashMap::new();
         self.bytes = 0;
+        let loaded = self.read_version(version).await;
+        if loaded.is_err() {
+            self.committed = HashMap::new();
+            self.bytes = 0;
+        }
+        loaded
+    }
+
+    async fn read_version(&mut self, version: u64) -> Result<()> {
         let files = match self.files.take() {
             Some(f) => f,
             None => {
@@ -108,16 +141,22 @@ impl StateStore {
         self.files = Some(files);
         let plan = plan.map_err(|missing| Error::CorruptState {
             path: self.dir.describe(&file_name(missing, Kind::Delta)),
-            reason: format!("it is missing, and version {version} of the state needs it"),
+            reason: format!(
+                "it is missing, and version {version} of the state needs it{}",
+                self.files
+                    .as_ref()
+                    .and_then(|f| f.oldest_loadable())
+                    .filter(|oldest| version < *oldest)
+                    .map_or(String::new(), |oldest| format!(
+                        " (retention kept versions from {oldest} on)"
+                    ))
+            ),
         })?;
         if let Some(s) = plan.snapshot {
             let bytes = self.read(s, Kind::Snapshot).await?;
             let (map, total) = (&mut self.committed, &mut self.bytes);
             encode::decode(bytes, Kind::Snapshot, s, |k, v| {
-                if let Some(v) = v {
-                    *total += k.len() + v.len();
-                    map.insert(k.to_vec(), v.to_vec());
-                }
+                apply(map, total, k.to_vec(), v.map(<[u8]>::to_vec));
             })
             .map_err(|reason| self.corrupt(s, Kind::Snapshot, reason))?;
         }
@@ -148,7 +187,12 @@ impl StateStore {
 
     /// Removes `key`.
     pub fn remove(&mut self, key: Vec<u8>) {
-        self.pending.insert(key, None);
+        if self.committed.contains_key(&key) {
+            self.pending.insert(key, None);
+        } else {
+            // Not in the committed version: nothing to write down.
+            self.pending.remove(&key);
+        }
     }
 
     /// Every key and value as this attempt sees them, in no particular order.
@@ -181,63 +225,130 @@ impl StateStore {
     }
 
     /// Writes this attempt's changes as the next version (its delta, and a snapshot when one
-    /// is due), durably, then lets retention delete what no kept version needs. Returns the
-    /// version written.
+    /// is due), durably, and makes it the version held. Returns the version written.
+    ///
+    /// Files of the next version left by an attempt that was never committed (a crash before
+    /// `commits/N`) are deleted first, so no file of that attempt survives to be loaded
+    /// later; the new files are then written once (`put_new`). A file of a later version
+    /// is refused: that version was committed on top of a different one. On any error the
+    /// store holds nothing, and only [`Self::load`] makes it usable again.
     pub async fn commit(&mut self) -> Result<u64> {
+        let result = self.write_next().await;
+        match &result {
+            Ok(next) => {
+                let changes = std::mem::take(&mut self.pending);
+                for (k, v) in changes {
+                    apply(&mut self.committed, &mut self.bytes, k, v);
+                }
+                self.version = Some(*next);
+            }
+            Err(_) => {
+                self.version = None;
+                self.pending.clear();
+            }
+        }
+        result
+    }
+
+    async fn write_next(&mut self) -> Result<u64> {
         let base = self.version.ok_or_else(|| Error::Internal {
             what: format!("state {}: commit without a loaded version", self.dir),
         })?;
         let next = base + 1;
-        let mut changes: Vec<(Vec<u8>, Option<Vec<u8>>)> = self.pending.drain().collect();
-        // Sorted, so a replay that makes the same changes writes the same bytes.
-        changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let delta = encode::encode(
-            Kind::Delta,
-            next,
-            changes.iter().map(|(k, v)| (k.as_slice(), v.as_deref())),
-        )
-        .map_err(|reason| self.corrupt(next, Kind::Delta, format!("encoding: {reason}")))?;
-        self.dir.create_dir().await?;
-        self.dir.put(&file_name(next, Kind::Delta), delta).await?;
         let files = self.files.get_or_insert_with(Files::default);
-        files.add(next, Kind::Delta);
-        for (k, v) in changes {
-            apply(&mut self.committed, &mut self.bytes, k, v);
+        if let Some((v, kind)) = files.beyond(next) {
+            return Err(Error::CorruptState {
+                path: self.dir.describe(&file_name(v, kind)),
+                reason: format!(
+                    "a later version than {next}, the one being written, is there: the \
+                     state was loaded at version {base}, older than the newest committed"
+                ),
+            });
         }
-        self.version = Some(next);
-        if next.is_multiple_of(self.conf.snapshot_every.max(1)) {
+        let stale = files.at(next);
+        if !stale.is_empty() {
+            let names = stale.iter().map(|(v, k)| file_name(*v, *k)).collect();
+            self.dir.delete_many(names).await?;
+            for (v, k) in stale {
+                files.remove(v, k);
+            }
+        }
+        let mut changes: Vec<(&[u8], Option<&[u8]>)> = self
+            .pending
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_deref()))
+            .collect();
+        // Sorted: a replay making the same changes writes the same bytes, and reading back
+        // checks the order.
+        changes.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let delta = encode::encode(Kind::Delta, next, changes.into_iter())
+            .map_err(|e| self.encoding(next, Kind::Delta, e))?;
+        self.dir.create_dir().await?;
+        self.write_once(next, Kind::Delta, delta).await?;
+        if next.is_multiple_of(self.conf.snapshot_every) {
             let mut rows: Vec<(&[u8], Option<&[u8]>)> = self
                 .committed
                 .iter()
+                .filter(|(k, _)| !self.pending.contains_key(*k))
                 .map(|(k, v)| (k.as_slice(), Some(v.as_slice())))
+                .chain(
+                    self.pending
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.as_slice(), Some(v.as_deref()?)))),
+                )
                 .collect();
             rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            let snapshot =
-                encode::encode(Kind::Snapshot, next, rows.into_iter()).map_err(|reason| {
-                    self.corrupt(next, Kind::Snapshot, format!("encoding: {reason}"))
-                })?;
-            self.dir
-                .put(&file_name(next, Kind::Snapshot), snapshot)
-                .await?;
-            if let Some(f) = self.files.as_mut() {
-                f.add(next, Kind::Snapshot);
-            }
-        }
-        let gone = self
-            .files
-            .as_ref()
-            .map(|f| f.purge(next, self.conf.retain))
-            .unwrap_or_default();
-        if !gone.is_empty() {
-            let names = gone.iter().map(|(v, k)| file_name(*v, *k)).collect();
-            self.dir.delete_many(names).await?;
-            if let Some(f) = self.files.as_mut() {
-                for (v, k) in gone {
-                    f.remove(v, k);
-                }
-            }
+            let snapshot = encode::encode(Kind::Snapshot, next, rows.into_iter())
+                .map_err(|e| self.encoding(next, Kind::Snapshot, e))?;
+            self.write_once(next, Kind::Snapshot, snapshot).await?;
         }
         Ok(next)
+    }
+
+    async fn write_once(&mut self, version: u64, kind: Kind, bytes: bytes::Bytes) -> Result<()> {
+        let name = file_name(version, kind);
+        match self.dir.put_new(&name, bytes).await? {
+            crate::storage::WriteOutcome::Written => {
+                if let Some(f) = self.files.as_mut() {
+                    f.add(version, kind);
+                }
+                Ok(())
+            }
+            crate::storage::WriteOutcome::AlreadyExists => Err(Error::CheckpointInUse {
+                dir: self.dir.to_string(),
+                detail: format!("{} was written by someone else", self.dir.describe(&name)),
+            }),
+        }
+    }
+
+    /// Deletes the files no version among the newest `retain` (counting the one held, which
+    /// must be committed: call this after `commits/N`) needs. A failure leaves the files
+    /// there for the next call.
+    pub async fn purge(&mut self) -> Result<()> {
+        let (Some(version), Some(files)) = (self.version, self.files.as_ref()) else {
+            return Ok(());
+        };
+        let gone = files.purge(version, self.conf.retain);
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let names = gone.iter().map(|(v, k)| file_name(*v, *k)).collect();
+        self.dir.delete_many(names).await?;
+        if let Some(f) = self.files.as_mut() {
+            for (v, k) in gone {
+                f.remove(v, k);
+            }
+        }
+        Ok(())
+    }
+
+    fn encoding(&self, version: u64, kind: Kind, reason: String) -> Error {
+        Error::Internal {
+            what: format!(
+                "encoding state file {}: {reason}",
+                self.dir.describe(&file_name(version, kind))
+            ),
+        }
     }
 
     async fn read(&self, version: u64, kind: Kind) -> Result<bytes::Bytes> {

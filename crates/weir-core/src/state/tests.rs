@@ -3,10 +3,15 @@ use std::collections::BTreeMap;
 use super::*;
 
 fn conf(snapshot_every: u64, retain: u64) -> StateConf {
-    StateConf {
-        snapshot_every,
-        retain,
-    }
+    StateConf::new(snapshot_every, retain).unwrap()
+}
+
+/// Loads `b`, runs batch `b`, commits, and (as the engine does after `commits/b`) purges.
+async fn batch(s: &mut StateStore, b: u64) {
+    s.load(b).await.unwrap();
+    run_batch(s, b);
+    assert_eq!(s.commit().await.unwrap(), b + 1);
+    s.purge().await.unwrap();
 }
 
 fn key(i: u64) -> Vec<u8> {
@@ -68,7 +73,8 @@ async fn versions_load_from_snapshots_and_deltas_after_a_restart_and_equal_the_r
         fresh.load(v).await.unwrap();
         assert_eq!(contents(&fresh), reference(v), "version {v} from files");
         assert_eq!(fresh.len(), reference(v).len());
-        assert!(fresh.memory_bytes() >= reference(v).len() * 9);
+        let bytes: usize = reference(v).iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert_eq!(fresh.memory_bytes(), bytes + fresh.len() * ENTRY_OVERHEAD);
     }
 }
 
@@ -122,12 +128,16 @@ async fn uncommitted_changes_are_dropped_by_the_next_load() {
     s.load(0).await.unwrap();
     assert_eq!(s.get(&key(1)), None);
     assert_eq!(s.iter().count(), 0);
-    // A put then a remove of the same key within an attempt leaves nothing.
+    // A put then a remove of a new key within an attempt leaves nothing, in the delta too.
     s.put(key(2), b"b".to_vec());
     s.remove(key(2));
     s.commit().await.unwrap();
     assert!(s.is_empty());
     assert_eq!(s.memory_bytes(), 0);
+    let mut rows = 0;
+    let delta = std::fs::read(dir.path().join("s/1.delta")).unwrap();
+    encode::decode(delta.into(), files::Kind::Delta, 1, |_, _| rows += 1).unwrap();
+    assert_eq!(rows, 0);
 }
 
 #[tokio::test]
@@ -137,9 +147,7 @@ async fn retention_keeps_the_newest_versions_loadable_and_deletes_the_rest() {
     let at = Location::local(&folder);
     let mut s = StateStore::new(at.clone(), conf(4, 6));
     for b in 0..30 {
-        s.load(b).await.unwrap();
-        run_batch(&mut s, b);
-        s.commit().await.unwrap();
+        batch(&mut s, b).await;
     }
     // Versions 25..=30 must load: snapshot 24 and deltas 25..=30; nothing older.
     assert_eq!(
@@ -163,7 +171,10 @@ async fn retention_keeps_the_newest_versions_loadable_and_deletes_the_rest() {
     let mut fresh = StateStore::new(at, conf(4, 6));
     let err = fresh.load(20).await.unwrap_err().to_string();
     assert!(
-        err.contains("1.delta") && err.contains("missing") && err.contains("version 20"),
+        err.contains("1.delta")
+            && err.contains("missing")
+            && err.contains("version 20")
+            && err.contains("kept versions from 24 on"),
         "{err}"
     );
 }
@@ -214,6 +225,7 @@ async fn missing_and_damaged_files_are_errors_naming_them_never_an_empty_state()
     let err = load(4).await.unwrap_err().to_string();
     assert!(err.contains("3.snapshot"), "{err}");
     // A delta gone.
+    let four = std::fs::read(folder.join("4.delta")).unwrap();
     std::fs::remove_file(folder.join("4.delta")).unwrap();
     std::fs::remove_file(folder.join("3.snapshot")).unwrap();
     let err = load(5).await.unwrap_err().to_string();
@@ -222,8 +234,12 @@ async fn missing_and_damaged_files_are_errors_naming_them_never_an_empty_state()
         "{err}"
     );
     // A version beyond the files.
+    std::fs::write(folder.join("4.delta"), &four).unwrap();
     let err = load(9).await.unwrap_err().to_string();
-    assert!(err.contains("4.delta"), "{err}");
+    assert!(
+        err.contains("6.delta") && err.contains("version 9"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -258,4 +274,96 @@ fn a_spark_metadata_sample_parses() {
                   \"numPartitions\":4}]}";
     let m: OperatorMetadata = serde_json::from_str(sample).unwrap();
     assert_eq!(m, OperatorMetadata::new(0, "stateStoreSave", 4));
+}
+
+/// The first attempt of batch 3 commits version 4 with a snapshot (every 4 versions), then
+/// the process dies before `commits/3`. The replay runs with snapshots every 5: it writes no
+/// snapshot of version 4, and the first attempt's must not survive to be loaded later.
+#[tokio::test]
+async fn a_replay_leaves_no_file_of_the_first_attempt_whatever_the_snapshot_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("s");
+    let at = Location::local(&folder);
+    let mut s = StateStore::new(at.clone(), conf(4, 2));
+    for b in 0..3 {
+        batch(&mut s, b).await;
+    }
+    s.load(3).await.unwrap();
+    s.put(key(99), b"first attempt".to_vec());
+    s.commit().await.unwrap();
+    assert!(folder.join("4.snapshot").exists());
+    drop(s);
+    let mut r = StateStore::new(at.clone(), conf(5, 2));
+    r.load(3).await.unwrap();
+    assert_eq!(contents(&r), reference(3));
+    run_batch(&mut r, 3);
+    assert_eq!(r.commit().await.unwrap(), 4);
+    r.purge().await.unwrap();
+    assert!(!folder.join("4.snapshot").exists());
+    for v in [3, 4] {
+        let mut fresh = StateStore::new(at.clone(), conf(4, 2));
+        fresh.load(v).await.unwrap();
+        assert_eq!(contents(&fresh), reference(v), "version {v}");
+    }
+}
+
+/// With the fewest versions kept (2), a crash after a commit and before `commits/N` still
+/// leaves the version the replay loads, whichever version the snapshots fall on.
+#[tokio::test]
+async fn the_version_a_replay_loads_survives_retention_at_its_tightest() {
+    for every in [1, 2, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let at = Location::local(dir.path().join("s"));
+        let mut s = StateStore::new(at.clone(), conf(every, 2));
+        for b in 0..12 {
+            batch(&mut s, b).await;
+            // Batch b + 1 commits and dies before its `commits/` entry (no purge).
+            s.load(b + 1).await.unwrap();
+            s.put(key(98), b"lost".to_vec());
+            s.commit().await.unwrap();
+            let mut fresh = StateStore::new(at.clone(), conf(every, 2));
+            fresh.load(b + 1).await.unwrap();
+            assert_eq!(
+                contents(&fresh),
+                reference(b + 1),
+                "every {every}, batch {b}"
+            );
+            s.load(b + 1).await.unwrap();
+        }
+        assert!(StateConf::new(every, 1).is_err());
+    }
+    assert!(StateConf::new(0, 100).is_err());
+}
+
+#[tokio::test]
+async fn committing_on_an_older_version_or_beside_another_writer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = Location::local(dir.path().join("s"));
+    let mut s = StateStore::new(at.clone(), conf(10, 100));
+    for b in 0..5 {
+        batch(&mut s, b).await;
+    }
+    // Version 2 is loaded again and written on: versions 3.. were built on the old 3.
+    s.load(2).await.unwrap();
+    run_batch(&mut s, 2);
+    let err = s.commit().await.unwrap_err().to_string();
+    assert!(
+        err.contains("4.delta") && err.contains("later version"),
+        "{err}"
+    );
+    assert_eq!(s.version(), None, "a failed commit leaves nothing held");
+    // Two stores on one folder, both at version 5: the second commit of 6 is refused.
+    let mut a = StateStore::new(at.clone(), conf(10, 100));
+    let mut b = StateStore::new(at.clone(), conf(10, 100));
+    a.load(5).await.unwrap();
+    b.load(5).await.unwrap();
+    run_batch(&mut a, 5);
+    a.commit().await.unwrap();
+    run_batch(&mut b, 5);
+    let err = b.commit().await.unwrap_err();
+    assert!(matches!(err, Error::CheckpointInUse { .. }), "{err}");
+    assert!(err.to_string().contains("6.delta"), "{err}");
+    let mut fresh = StateStore::new(at, conf(10, 100));
+    fresh.load(6).await.unwrap();
+    assert_eq!(contents(&fresh), reference(6));
 }
