@@ -18,6 +18,7 @@
 //! schema = ["order_id bigint", "status string", "amount double", "updated_at timestamp"]
 //!
 //! [transform]
+//! drop-duplicates = ["order_id"]     # streaming dedupe (state in the checkpoint), then:
 //! sql = "SELECT * FROM batch WHERE amount > 0"
 //!
 //! [[sink]]
@@ -76,7 +77,11 @@ pub struct QueryConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct TransformConfig {
-    pub sql: String,
+    /// Streaming deduplication on these columns (Spark's `dropDuplicates`), before `sql`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_duplicates: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sql: Option<String>,
 }
 
 /// Deserializes a `type = ...` table into the variant's own config type. serde's derive for
@@ -304,7 +309,17 @@ impl Pipeline {
             .await?
             .with_read_limit(spec.read_limit()?);
         if let Some(t) = &self.transform {
-            frame = frame.sql(t.sql.clone());
+            if let Some(keys) = &t.drop_duplicates {
+                if keys.is_empty() {
+                    return Err(anyhow!(
+                        "`transform.drop-duplicates` names no column; give the key columns"
+                    ));
+                }
+                frame = frame.drop_duplicates(keys.clone());
+            }
+            if let Some(sql) = &t.sql {
+                frame = frame.sql(sql.clone());
+            }
         }
         let mut writer = frame
             .write_stream()

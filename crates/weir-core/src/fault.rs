@@ -30,6 +30,10 @@ pub const RUNNER_POINTS: &[&str] = &[
     "after-commit-write",
 ];
 
+/// The runner's points around the state commit of a query with stateful operators, between
+/// `after-user-fn` and `before-commit-write`.
+pub const STATE_POINTS: &[&str] = &["before-state-commit", "after-state-commit"];
+
 #[derive(Debug, Clone, PartialEq)]
 enum Action {
     Abort,

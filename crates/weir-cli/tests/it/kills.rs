@@ -2,7 +2,7 @@
 //! sink holds each input row (or the newest row per key) once.
 
 use weir_core::datafusion::prelude::{JsonReadOptions, SessionContext};
-use weir_core::fault::RUNNER_POINTS;
+use weir_core::fault::{RUNNER_POINTS, STATE_POINTS};
 use weir_core::sink::PARQUET_POINTS;
 use weir_testkit::{parquet_rows, rows, run_weir, temp_dir};
 
@@ -79,6 +79,97 @@ async fn a_kill_at_every_fault_point_leaves_each_input_row_in_the_parquet_output
                 "{point}: commits/{b}"
             );
         }
+    }
+}
+
+/// Streaming deduplication, killed at every runner point and around the state commit of
+/// batch 2, then run again: one row per key, taken from the first file (batch) holding the
+/// key, and nothing of a key seen in an earlier batch passes again.
+#[tokio::test]
+async fn a_kill_around_the_state_commit_passes_each_key_once_from_its_first_batch() {
+    let points: Vec<&str> = RUNNER_POINTS.iter().chain(STATE_POINTS).copied().collect();
+    for point in points {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 5, 20, 30);
+        let p = pipeline(
+            dir.path(),
+            "[transform]\ndrop-duplicates = [\"order_id\"]\n\n[[sink]]\ntype = \"parquet\"\npath = \"out\"\n",
+        );
+        let fault = format!("{point}@2");
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], Some(&fault));
+        assert!(
+            !out.status.success(),
+            "{point}: the fault must kill the run"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("fault point {point} reached in batch 2")),
+            "{point}: {stderr}"
+        );
+        let prog = dir.path().join("progress.jsonl");
+        let out = run_weir(
+            &bin(),
+            &[
+                "run",
+                p.to_str().unwrap(),
+                "--progress",
+                prog.to_str().unwrap(),
+            ],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        // The reference: files in name order (one per batch), each key's rows in its first.
+        let mut names: Vec<_> = std::fs::read_dir(&input)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 5);
+        let mut first: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for f in &names {
+            let mut this: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+            for row in input_rows(f).await {
+                let key = row.split('|').next().unwrap().to_string();
+                this.entry(key).or_default().push(row);
+            }
+            for (k, rows) in this {
+                first.entry(k).or_insert(rows);
+            }
+        }
+        let cols = ["order_id", "status", "amount", "updated_at"];
+        let got = parquet_rows(&dir.path().join("out"), &cols).await;
+        assert_eq!(got.len(), first.len(), "{point}: one row per key: {got:?}");
+        for row in &got {
+            let key = row.split('|').next().unwrap();
+            assert!(
+                first[key].contains(row),
+                "{point}: {row} is not from the first batch with key {key}"
+            );
+        }
+        let last: serde_json::Value = serde_json::from_str(
+            std::fs::read_to_string(&prog)
+                .unwrap()
+                .lines()
+                .last()
+                .unwrap(),
+        )
+        .unwrap();
+        let op = &last["stateOperators"][0];
+        assert_eq!(op["operatorName"], "dedupe", "{point}: {last}");
+        assert_eq!(op["numRowsTotal"], first.len() as u64, "{point}: {last}");
+        let state = dir.path().join("chk/state/0");
+        assert!(state.join("_metadata/metadata").exists(), "{point}");
+        assert!(
+            state.join("0/5.delta").exists(),
+            "{point}: version 5 after batch 4"
+        );
     }
 }
 

@@ -334,6 +334,23 @@ impl StreamingDataFrame {
         self
     }
 
+    /// Streaming deduplication (Spark's `dropDuplicates` without a watermark): a row passes
+    /// only if no earlier row of the stream had the same values in `keys`, in its batch or
+    /// any before. The keys seen are kept in the checkpoint's state store (`state/`), one
+    /// per distinct key, for as long as the checkpoint lives; the first row of a key in a
+    /// batch is the one that passes. A replayed batch passes the same rows as its first
+    /// attempt. Applied where it stands among [`Self::transform`] and [`Self::sql`].
+    pub fn drop_duplicates<I, S>(mut self, keys: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.transforms.push(Transform::DropDuplicates(
+            keys.into_iter().map(Into::into).collect(),
+        ));
+        self
+    }
+
     /// Starts describing where the batches go.
     pub fn write_stream(self) -> DataStreamWriter {
         DataStreamWriter {

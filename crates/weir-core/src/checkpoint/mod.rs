@@ -320,6 +320,11 @@ impl Checkpoint {
         self.root.join(&format!("state/{operator}"))
     }
 
+    /// `<checkpoint>/state`: where the stateful operators' folders are.
+    pub fn state_root(&self) -> Location {
+        self.root.join("state")
+    }
+
     fn offsets_dir(&self) -> Location {
         self.root.join("offsets")
     }

@@ -3,6 +3,7 @@
 pub mod progress;
 mod query;
 mod runner;
+mod stateful;
 pub mod trigger;
 
 pub use progress::{

@@ -27,6 +27,7 @@ use super::progress::{
     SinkProgress, SourceProgress, StreamingQueryProgress,
 };
 use super::query::{Shared, Status};
+use super::stateful::Dedupe;
 use super::trigger::{Trigger, next_tick};
 use crate::checkpoint::{Checkpoint, CommitMetadata, OffsetSeq, OffsetSeqMetadata, StartPoint};
 use crate::error::{Error, Result};
@@ -44,6 +45,9 @@ pub enum Transform {
     Sql(String),
     /// A DataFrame function.
     Fn(Arc<dyn Fn(DataFrame) -> datafusion::error::Result<DataFrame> + Send + Sync>),
+    /// Streaming deduplication on these columns: a row passes only if no earlier row, in
+    /// this batch or any before it, had the same values (see `engine::stateful`).
+    DropDuplicates(Vec<String>),
 }
 
 /// Everything the runner needs; built by `DataStreamWriter::start`.
@@ -69,9 +73,22 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
     let checkpoint = spec.checkpoint.clone();
     let task_shared = shared.clone();
     let outcome = tokio::spawn(async move {
+        let conf = crate::state::StateConf::new(10, spec.retain.max(2))?;
+        let mut stateful = Vec::new();
+        for t in &spec.transforms {
+            if let Transform::DropDuplicates(keys) = t {
+                stateful.push(Dedupe::new(
+                    stateful.len() as u32,
+                    keys.clone(),
+                    spec.checkpoint.state_root(),
+                    conf,
+                ));
+            }
+        }
         Runner {
             spec,
             shared: task_shared,
+            stateful: tokio::sync::Mutex::new(stateful),
         }
         .run()
         .await
@@ -118,6 +135,8 @@ fn panic_message(join: tokio::task::JoinError) -> String {
 struct Runner {
     spec: QuerySpec,
     shared: Arc<Shared>,
+    /// The stateful operators, in the order of their transforms.
+    stateful: tokio::sync::Mutex<Vec<Dedupe>>,
 }
 
 /// What one batch reads.
@@ -268,7 +287,7 @@ impl Runner {
             };
             idle_reported = false;
             let id = planned.id;
-            let (rows, metrics) = self
+            let (rows, metrics, state_operators) = self
                 .run_batch(&planned, start.as_ref(), &mut durations)
                 .instrument(self.batch_span(id))
                 .await?;
@@ -279,6 +298,7 @@ impl Runner {
                 trigger_start,
                 previous_trigger,
                 durations,
+                state_operators,
             };
             self.report(&planned, start.as_ref(), rows, &metrics, timing);
             previous_trigger = Some(trigger_start);
@@ -369,7 +389,7 @@ impl Runner {
         p: &Planned,
         start: Option<&SourceOffset>,
         durations: &mut BTreeMap<String, u64>,
-    ) -> Result<(u64, Arc<SinkMetrics>)> {
+    ) -> Result<(u64, Arc<SinkMetrics>, Vec<serde_json::Value>)> {
         let id = p.id;
         self.shared.set_current_batch(id);
         let ctx = &self.spec.ctx;
@@ -387,7 +407,7 @@ impl Runner {
 
         let t = Instant::now();
         let df = self
-            .transform(table)
+            .transform(table, id)
             .await
             .map_err(self.in_batch(id, "applying the transforms"))?;
         durations.insert("queryPlanning".into(), t.elapsed().as_millis() as u64);
@@ -434,6 +454,19 @@ impl Runner {
             }
         }
         fault::hit("after-user-fn", id)?;
+
+        // State version N+1, before `commits/N` (a replay of N loads version N again).
+        let mut state_operators = Vec::new();
+        let mut stateful = self.stateful.lock().await;
+        for op in stateful.iter_mut() {
+            fault::hit("before-state-commit", id)?;
+            state_operators.push(
+                op.commit()
+                    .await
+                    .map_err(self.in_batch(id, "committing the state"))?,
+            );
+            fault::hit("after-state-commit", id)?;
+        }
         durations.insert("addBatch".into(), t.elapsed().as_millis() as u64);
 
         let t = Instant::now();
@@ -451,17 +484,31 @@ impl Runner {
         if let Some(keep_from) = crate::checkpoint::retention::keep_from(id, self.spec.retain) {
             self.spec.checkpoint.purge(keep_from).await?;
         }
+        for op in stateful.iter_mut() {
+            op.purge()
+                .await
+                .map_err(self.in_batch(id, "deleting state files past retention"))?;
+        }
         durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
-        Ok((rows, metrics))
+        Ok((rows, metrics, state_operators))
     }
 
-    async fn transform(&self, table: Arc<MemTable>) -> Result<DataFrame> {
+    async fn transform(&self, table: Arc<MemTable>, batch_id: u64) -> Result<DataFrame> {
         let ctx = &self.spec.ctx;
         let mut df = ctx
             .read_table(table.clone())
             .map_err(|e| Error::datafusion("reading the materialized batch", e))?;
+        let mut stateful = 0;
         for t in &self.spec.transforms {
             df = match t {
+                Transform::DropDuplicates(_) => {
+                    let mut ops = self.stateful.lock().await;
+                    let op = ops.get_mut(stateful).ok_or_else(|| Error::Internal {
+                        what: format!("stateful operator {stateful} was not set up"),
+                    })?;
+                    stateful += 1;
+                    op.apply(ctx, df, batch_id).await?
+                }
                 Transform::Fn(f) => {
                     f(df).map_err(|e| Error::datafusion("the DataFrame transform", e))?
                 }
@@ -493,6 +540,7 @@ impl Runner {
             trigger_start,
             previous_trigger,
             durations,
+            state_operators,
         } = t;
         let total_ms = durations.get("triggerExecution").copied().unwrap_or(0);
         let processed = per_second(rows, total_ms as f64 / 1000.0);
@@ -510,7 +558,7 @@ impl Runner {
             input_rows_per_second: input,
             processed_rows_per_second: processed,
             duration_ms: durations,
-            state_operators: Vec::new(),
+            state_operators,
             sources: vec![SourceProgress {
                 description: self.spec.source.description(),
                 start_offset: start.map(|s| s.json().clone()),
@@ -564,6 +612,8 @@ struct Timing {
     trigger_start: Instant,
     previous_trigger: Option<Instant>,
     durations: BTreeMap<String, u64>,
+    /// The stateful operators' progress entries.
+    state_operators: Vec<serde_json::Value>,
 }
 
 /// Reads the batch once into memory: the row count for progress, and every action of the
