@@ -229,6 +229,17 @@ impl Pipeline {
     /// Checks the values serde cannot, without reading or writing anything.
     pub fn check(&self) -> Result<()> {
         self.trigger()?;
+        if let Some(keys) = self
+            .transform
+            .as_ref()
+            .and_then(|t| t.drop_duplicates.as_ref())
+            && (keys.is_empty() || keys.iter().any(|k| k.is_empty()))
+        {
+            anyhow::bail!(
+                "invalid setting 'transform.drop-duplicates': give the key columns by name \
+                 (an empty list or an empty name cannot be a key)"
+            );
+        }
         let env = self.env()?;
         env.location("query.checkpoint", &self.query.checkpoint)?;
         self.source.spec().check(&env)?;
@@ -310,9 +321,18 @@ impl Pipeline {
             .with_read_limit(spec.read_limit()?);
         if let Some(t) = &self.transform {
             if let Some(keys) = &t.drop_duplicates {
-                if keys.is_empty() {
+                // Before anything runs: the keys are columns of what the source reads.
+                let schema = frame.source_schema();
+                if let Some(k) = keys.iter().find(|k| schema.index_of(k).is_err()) {
                     return Err(anyhow!(
-                        "`transform.drop-duplicates` names no column; give the key columns"
+                        "invalid setting 'transform.drop-duplicates': the source has no column \
+                         `{k}`; its columns are {}",
+                        schema
+                            .fields()
+                            .iter()
+                            .map(|f| f.name().as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ));
                 }
                 frame = frame.drop_duplicates(keys.clone());

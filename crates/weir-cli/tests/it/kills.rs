@@ -6,7 +6,10 @@ use weir_core::fault::{RUNNER_POINTS, STATE_POINTS};
 use weir_core::sink::PARQUET_POINTS;
 use weir_testkit::{parquet_rows, rows, run_weir, temp_dir};
 
-use crate::{SCHEMA, bin, gen_orders, input_rows, pipeline, progress_batches, weir_cli_schema};
+use crate::{
+    SCHEMA, bin, gen_orders, gen_orders_from, input_rows, pipeline, progress_batches,
+    weir_cli_schema,
+};
 
 #[tokio::test]
 async fn a_kill_at_every_fault_point_leaves_each_input_row_in_the_parquet_output_once() {
@@ -171,6 +174,65 @@ async fn a_kill_around_the_state_commit_passes_each_key_once_from_its_first_batc
             "{point}: version 5 after batch 4"
         );
     }
+}
+
+/// Dedupe keys are checked against the source's columns before anything runs (no input
+/// yet), and an operator removed and added back on one checkpoint is refused naming the
+/// setting (its state misses the keys of the batches run without it).
+#[tokio::test]
+async fn drop_duplicates_keys_are_checked_at_start_and_cannot_come_back_after_removal() {
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let with = |keys: &str| {
+        pipeline(
+            dir.path(),
+            &format!(
+                "[transform]\ndrop-duplicates = {keys}\n\n[[sink]]\ntype = \"parquet\"\npath = \"out\"\n"
+            ),
+        )
+    };
+    let out = run_weir(
+        &bin(),
+        &["run", with(r#"["order_idd"]"#).to_str().unwrap()],
+        None,
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("transform.drop-duplicates") && stderr.contains("`order_idd`"),
+        "{stderr}"
+    );
+    let out = run_weir(&bin(), &["check", with("[]").to_str().unwrap()], None);
+    assert!(!out.status.success(), "check refuses an empty key list");
+
+    gen_orders_from(&input, 0, 2, 10, 5);
+    let p = with(r#"["order_id"]"#);
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let without = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    gen_orders_from(&input, 2, 2, 10, 5);
+    let out = run_weir(&bin(), &["run", without.to_str().unwrap()], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    gen_orders_from(&input, 4, 1, 10, 5);
+    let p = with(r#"["order_id"]"#);
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("transform.drop-duplicates")
+            && stderr.contains("batch 4")
+            && stderr.contains("new checkpoint"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

@@ -32,6 +32,9 @@ use crate::error::{Error, Result};
 use crate::state::{OperatorMetadata, StateConf, StateStore};
 use crate::storage::{Location, WriteOutcome};
 
+/// The setting errors name (the pipeline file's spelling; `drop_duplicates` in the API).
+const KEY: &str = "transform.drop-duplicates";
+
 /// Spark's name for the operator in progress reports and the state metadata.
 const OPERATOR_NAME: &str = "dedupe";
 
@@ -87,7 +90,7 @@ impl Dedupe {
             .map(|k| {
                 schema.index_of(k).map_err(|_| {
                     Error::config(
-                        "drop_duplicates",
+                        KEY,
                         format!(
                             "the batch has no column `{k}`; its columns are {}",
                             schema
@@ -107,7 +110,7 @@ impl Dedupe {
                 let f = schema.field(*i);
                 family(f.data_type()).ok_or_else(|| {
                     Error::config(
-                        "drop_duplicates",
+                        KEY,
                         format!(
                             "column `{}` has type {}, which cannot be a deduplication key",
                             f.name(),
@@ -121,11 +124,33 @@ impl Dedupe {
             self.check_metadata(batch_id, &families).await?;
             self.checked = true;
         }
+        if self.store.version().is_none() {
+            let newest = self.store.newest_version().await?;
+            if newest < batch_id {
+                return Err(Error::config(
+                    KEY,
+                    format!(
+                        "the state of stateful operator {} stops at version {newest} (after \
+                         batch {}), and this is batch {batch_id}: the query ran batches \
+                         without the operator, whose keys are not in the state; a stateful \
+                         operator cannot be removed and added back on the same checkpoint, \
+                         start the query on a new checkpoint",
+                        self.operator,
+                        newest.saturating_sub(1),
+                    ),
+                ));
+            }
+        }
         self.store.load(batch_id).await?;
-        let batches = df
-            .collect()
+        // Partition by partition, in order: the batch holds its files in the order the
+        // source took them, so the first row of a key is the same on every attempt.
+        let batches: Vec<_> = df
+            .collect_partitioned()
             .await
-            .map_err(|e| Error::datafusion(format!("batch {batch_id}: drop_duplicates"), e))?;
+            .map_err(|e| Error::datafusion(format!("batch {batch_id}: drop_duplicates"), e))?
+            .into_iter()
+            .flatten()
+            .collect();
         let started = Instant::now();
         self.added = 0;
         let mut kept = Vec::with_capacity(batches.len());
@@ -146,16 +171,15 @@ impl Dedupe {
                 mask.push(new);
             }
             let filtered = filter_record_batch(&batch, &BooleanArray::from(mask))
-                .map_err(|e| Error::datafusion("drop_duplicates", e.into()))?;
+                .map_err(|e| Error::datafusion(KEY, e.into()))?;
             if filtered.num_rows() > 0 {
                 kept.push(filtered);
             }
         }
         self.update_ms = started.elapsed().as_millis() as u64;
-        let table = MemTable::try_new(schema, vec![kept])
-            .map_err(|e| Error::datafusion("drop_duplicates", e))?;
+        let table = MemTable::try_new(schema, vec![kept]).map_err(|e| Error::datafusion(KEY, e))?;
         ctx.read_table(Arc::new(table))
-            .map_err(|e| Error::datafusion("drop_duplicates", e))
+            .map_err(|e| Error::datafusion(KEY, e))
     }
 
     /// Commits the batch's keys as the next version; its progress entry (Spark's fields).
@@ -201,7 +225,7 @@ impl Dedupe {
         })?;
         if batch_id > 0 && meta_dir.get("keys").await?.is_none() {
             return Err(Error::config(
-                "drop_duplicates",
+                KEY,
                 format!(
                     "the checkpoint is at batch {batch_id} and holds no state for stateful \
                      operator {} ({} is missing): a stateful operator cannot be added to a \
@@ -222,7 +246,7 @@ impl Dedupe {
             let found = lines.first().cloned().unwrap_or_default();
             if found != keys_json {
                 return Err(Error::config(
-                    "drop_duplicates",
+                    KEY,
                     format!(
                         "the state was written with the key columns {found} ({path}); this \
                          query has {keys_json}: the keys of a stateful operator cannot change \

@@ -92,6 +92,13 @@ impl Files {
         };
     }
 
+    /// The newest version any file holds (0 when there is none).
+    pub fn newest(&self) -> u64 {
+        let d = self.deltas.last().copied().unwrap_or(0);
+        let s = self.snapshots.last().copied().unwrap_or(0);
+        d.max(s)
+    }
+
     /// A file of a version after `version`, if there is one.
     pub fn beyond(&self, version: u64) -> Option<(u64, Kind)> {
         let d = self

@@ -111,6 +111,15 @@ impl StateStore {
         self.version
     }
 
+    /// The newest version the store's files hold (0: none), listing them if not yet known.
+    pub async fn newest_version(&mut self) -> Result<u64> {
+        if self.files.is_none() {
+            let names = self.dir.list_names().await?;
+            self.files = Some(Files::from_names(names.iter().map(String::as_str)));
+        }
+        Ok(self.files.as_ref().map_or(0, Files::newest))
+    }
+
     /// Makes the store hold `version`, dropping changes not committed. A store that holds
     /// it already reads nothing.
     pub async fn load(&mut self, version: u64) -> Result<()> {
