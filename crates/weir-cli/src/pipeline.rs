@@ -321,20 +321,6 @@ impl Pipeline {
             .with_read_limit(spec.read_limit()?);
         if let Some(t) = &self.transform {
             if let Some(keys) = &t.drop_duplicates {
-                // Before anything runs: the keys are columns of what the source reads.
-                let schema = frame.source_schema();
-                if let Some(k) = keys.iter().find(|k| schema.index_of(k).is_err()) {
-                    return Err(anyhow!(
-                        "invalid setting 'transform.drop-duplicates': the source has no column \
-                         `{k}`; its columns are {}",
-                        schema
-                            .fields()
-                            .iter()
-                            .map(|f| f.name().as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                }
                 frame = frame.drop_duplicates(keys.clone());
             }
             if let Some(sql) = &t.sql {

@@ -1,6 +1,8 @@
 //! `weir run` killed at the fault points its connectors declare, then run again: every
 //! sink holds each input row (or the newest row per key) once.
 
+use std::path::Path;
+
 use weir_core::datafusion::prelude::{JsonReadOptions, SessionContext};
 use weir_core::fault::{RUNNER_POINTS, STATE_POINTS};
 use weir_core::sink::PARQUET_POINTS;
@@ -10,6 +12,40 @@ use crate::{
     SCHEMA, bin, gen_orders, gen_orders_from, input_rows, pipeline, progress_batches,
     weir_cli_schema,
 };
+
+/// Runs the pipeline `p` with a kill at `point` in batch 2 (the run must fail there, saying
+/// so), then again to its end (which must succeed); their progress lines go to `first` and
+/// `second`.
+fn killed_in_batch_2_then_rerun(p: &Path, point: &str, first: &Path, second: &Path) {
+    let run = |progress: &Path, fault: Option<&str>| {
+        run_weir(
+            &bin(),
+            &[
+                "run",
+                p.to_str().unwrap(),
+                "--progress",
+                progress.to_str().unwrap(),
+            ],
+            fault,
+        )
+    };
+    let out = run(first, Some(&format!("{point}@2")));
+    assert!(
+        !out.status.success(),
+        "{point}: the fault must kill the run"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("fault point {point} reached in batch 2")),
+        "{point}: {stderr}"
+    );
+    let out = run(second, None);
+    assert!(
+        out.status.success(),
+        "{point}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
 
 #[tokio::test]
 async fn a_kill_at_every_fault_point_leaves_each_input_row_in_the_parquet_output_once() {
@@ -24,44 +60,9 @@ async fn a_kill_at_every_fault_point_leaves_each_input_row_in_the_parquet_output
         gen_orders(&input, 5, 20, 50);
         let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
         let prog1 = dir.path().join("progress1.jsonl");
-        let fault = format!("{point}@2");
-        let out = run_weir(
-            &bin(),
-            &[
-                "run",
-                p.to_str().unwrap(),
-                "--progress",
-                prog1.to_str().unwrap(),
-            ],
-            Some(&fault),
-        );
-        assert!(
-            !out.status.success(),
-            "{point}: the fault must kill the run"
-        );
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(&format!("fault point {point} reached in batch 2")),
-            "{point}: {stderr}"
-        );
-        assert_eq!(progress_batches(&prog1), vec![0, 1], "{point}");
-
         let prog2 = dir.path().join("progress2.jsonl");
-        let out = run_weir(
-            &bin(),
-            &[
-                "run",
-                p.to_str().unwrap(),
-                "--progress",
-                prog2.to_str().unwrap(),
-            ],
-            None,
-        );
-        assert!(
-            out.status.success(),
-            "{point}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        killed_in_batch_2_then_rerun(&p, point, &prog1, &prog2);
+        assert_eq!(progress_batches(&prog1), vec![0, 1], "{point}");
         let expect_first = if point == "after-commit-write" { 3 } else { 2 };
         let second = progress_batches(&prog2);
         assert_eq!(
@@ -99,33 +100,8 @@ async fn a_kill_around_the_state_commit_passes_each_key_once_from_its_first_batc
             dir.path(),
             "[transform]\ndrop-duplicates = [\"order_id\"]\n\n[[sink]]\ntype = \"parquet\"\npath = \"out\"\n",
         );
-        let fault = format!("{point}@2");
-        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], Some(&fault));
-        assert!(
-            !out.status.success(),
-            "{point}: the fault must kill the run"
-        );
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(&format!("fault point {point} reached in batch 2")),
-            "{point}: {stderr}"
-        );
         let prog = dir.path().join("progress.jsonl");
-        let out = run_weir(
-            &bin(),
-            &[
-                "run",
-                p.to_str().unwrap(),
-                "--progress",
-                prog.to_str().unwrap(),
-            ],
-            None,
-        );
-        assert!(
-            out.status.success(),
-            "{point}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        killed_in_batch_2_then_rerun(&p, point, &dir.path().join("progress0.jsonl"), &prog);
 
         // The reference: files in name order (one per batch), each key's rows in its first.
         let mut names: Vec<_> = std::fs::read_dir(&input)

@@ -508,6 +508,7 @@ impl DataStreamWriter {
                 )
             })?
             .resolve("query.checkpoint", &self.frame.session.storage)?;
+        crate::engine::check_keys_at_start(&self.frame.source_schema(), &self.frame.transforms)?;
         let name = self.name.unwrap_or_else(|| "query".to_string());
         let checkpoint = Checkpoint::open(dir, &name, self.lease).await?;
         let start = match checkpoint.recover().await {

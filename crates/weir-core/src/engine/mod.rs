@@ -4,6 +4,7 @@ pub mod progress;
 mod query;
 mod runner;
 mod stateful;
+pub(crate) use stateful::check_keys_at_start;
 pub mod trigger;
 
 pub use progress::{

@@ -73,7 +73,7 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
     let checkpoint = spec.checkpoint.clone();
     let task_shared = shared.clone();
     let outcome = tokio::spawn(async move {
-        let conf = crate::state::StateConf::new(10, spec.retain.max(2))?;
+        let conf = crate::state::StateConf::new(10, spec.retain)?;
         let mut stateful = Vec::new();
         for t in &spec.transforms {
             if let Transform::DropDuplicates(keys) = t {

@@ -21,16 +21,18 @@ use datafusion::arrow::array::{Array, ArrayRef, BooleanArray};
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{
     DataType, Date32Type, Date64Type, Decimal128Type, Float32Type, Float64Type, Int8Type,
-    Int16Type, Int32Type, Int64Type, TimeUnit, TimestampMicrosecondType, TimestampMillisecondType,
-    TimestampNanosecondType, TimestampSecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    Int16Type, Int32Type, Int64Type, Schema, TimeUnit, TimestampMicrosecondType,
+    TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType, UInt8Type, UInt16Type,
+    UInt32Type, UInt64Type,
 };
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{DataFrame, SessionContext};
 
-use crate::checkpoint::log;
 use crate::error::{Error, Result};
-use crate::state::{OperatorMetadata, StateConf, StateStore};
-use crate::storage::{Location, WriteOutcome};
+use crate::state::{OperatorMetadata, StateConf, StateStore, write_line_once};
+use crate::storage::Location;
+
+use super::runner::Transform;
 
 /// The setting errors name (the pipeline file's spelling; `drop_duplicates` in the API).
 const KEY: &str = "transform.drop-duplicates";
@@ -43,7 +45,6 @@ pub(crate) struct Dedupe {
     operator: u32,
     keys: Vec<String>,
     state_root: Location,
-    dir: Location,
     store: StateStore,
     /// Whether the metadata was checked by this process.
     checked: bool,
@@ -62,13 +63,11 @@ impl Dedupe {
         state_root: Location,
         conf: StateConf,
     ) -> Self {
-        let dir = state_root.join(&operator.to_string());
-        let store = StateStore::new(dir.join("0"), conf);
+        let store = StateStore::new(state_root.join(&format!("{operator}/0")), conf);
         Dedupe {
             operator,
             keys,
             state_root,
-            dir,
             store,
             checked: false,
             added: 0,
@@ -84,26 +83,7 @@ impl Dedupe {
         batch_id: u64,
     ) -> Result<DataFrame> {
         let schema = Arc::new(df.schema().as_arrow().clone());
-        let columns: Vec<usize> = self
-            .keys
-            .iter()
-            .map(|k| {
-                schema.index_of(k).map_err(|_| {
-                    Error::config(
-                        KEY,
-                        format!(
-                            "the batch has no column `{k}`; its columns are {}",
-                            schema
-                                .fields()
-                                .iter()
-                                .map(|f| f.name().as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    )
-                })
-            })
-            .collect::<Result<_>>()?;
+        let columns = key_columns(&schema, &self.keys)?;
         let families: Vec<String> = columns
             .iter()
             .map(|i| {
@@ -211,7 +191,9 @@ impl Dedupe {
     /// Writes the operator's metadata and key columns on its first batch; later, refuses
     /// other keys, or state missing for a checkpoint past its first batch.
     async fn check_metadata(&self, batch_id: u64, families: &[String]) -> Result<()> {
-        let meta_dir = self.dir.join("_metadata");
+        let meta_dir = self
+            .state_root
+            .join(&format!("{}/_metadata", self.operator));
         let keys_json = serde_json::to_string(
             &self
                 .keys
@@ -238,25 +220,55 @@ impl Dedupe {
         OperatorMetadata::new(self.operator, OPERATOR_NAME, 1)
             .ensure(&self.state_root)
             .await?;
-        let bytes = log::render([keys_json.clone()]);
-        if let WriteOutcome::AlreadyExists = meta_dir.put_new("keys", bytes).await? {
-            let path = meta_dir.describe("keys");
-            let found = meta_dir.get("keys").await?.unwrap_or_default();
-            let lines = log::parse_versioned(&found, &path, 1, "state key columns")?;
-            let found = lines.first().cloned().unwrap_or_default();
-            if found != keys_json {
-                return Err(Error::config(
-                    KEY,
-                    format!(
-                        "the state was written with the key columns {found} ({path}); this \
-                         query has {keys_json}: the keys of a stateful operator cannot change \
-                         on the same checkpoint"
-                    ),
-                ));
-            }
+        if let Some(found) = write_line_once(&meta_dir, "keys", keys_json.clone()).await?
+            && found != keys_json
+        {
+            return Err(Error::config(
+                KEY,
+                format!(
+                    "the state was written with the key columns {found} ({}); this query has \
+                     {keys_json}: the keys of a stateful operator cannot change on the same \
+                     checkpoint",
+                    meta_dir.describe("keys")
+                ),
+            ));
         }
         Ok(())
     }
+}
+
+/// The indexes of `keys` in `schema`; an error naming the first key it lacks.
+fn key_columns(schema: &Schema, keys: &[String]) -> Result<Vec<usize>> {
+    if keys.is_empty() {
+        return Err(Error::config(KEY, "no key column given"));
+    }
+    keys.iter()
+        .map(|k| {
+            schema.index_of(k).map_err(|_| {
+                let columns: Vec<&str> =
+                    schema.fields().iter().map(|f| f.name().as_str()).collect();
+                Error::config(
+                    KEY,
+                    format!("no column `{k}`; the columns are {}", columns.join(", ")),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Checks, before the query starts, the keys of the stateful operators that see the
+/// source's columns (those before any SQL or DataFrame transform): a typo is refused
+/// before anything runs, not at the first batch that brings data.
+pub(crate) fn check_keys_at_start(source: &Schema, transforms: &[Transform]) -> Result<()> {
+    for t in transforms {
+        match t {
+            Transform::DropDuplicates(keys) => {
+                key_columns(source, keys)?;
+            }
+            Transform::Sql(_) | Transform::Fn(_) => break,
+        }
+    }
+    Ok(())
 }
 
 /// The type family a key column's values are encoded as; `None`: not a key type.

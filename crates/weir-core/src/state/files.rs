@@ -13,22 +13,18 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn suffix(self) -> &'static str {
+    /// The file name's suffix, also written into the file and checked when it is read back.
+    pub fn label(self) -> &'static str {
         match self {
             Kind::Delta => "delta",
             Kind::Snapshot => "snapshot",
         }
     }
-
-    /// The word written into the file, checked when it is read back.
-    pub fn label(self) -> &'static str {
-        self.suffix()
-    }
 }
 
 /// The file name of `version` of this kind (`7.delta`, `10.snapshot`), as Spark names them.
 pub fn file_name(version: u64, kind: Kind) -> String {
-    format!("{version}.{}", kind.suffix())
+    format!("{version}.{}", kind.label())
 }
 
 /// The version and kind of a state file's name; `None` for any other name (temporary files,

@@ -447,22 +447,11 @@ impl OperatorMetadata {
         let json = serde_json::to_string(self).map_err(|e| Error::Internal {
             what: format!("encoding state metadata: {e}"),
         })?;
-        dir.create_dir().await?;
-        let bytes = crate::checkpoint::log::render([json]);
-        if let crate::storage::WriteOutcome::Written = dir.put_new("metadata", bytes).await? {
+        let Some(line) = write_line_once(&dir, "metadata", json).await? else {
             return Ok(());
-        }
+        };
         let path = dir.describe("metadata");
-        let found = dir
-            .get("metadata")
-            .await?
-            .ok_or_else(|| Error::CorruptState {
-                path: path.clone(),
-                reason: "it vanished while being read".into(),
-            })?;
-        let lines = crate::checkpoint::log::parse_versioned(&found, &path, 1, "state metadata")?;
-        let line = lines.first().map(String::as_str).unwrap_or_default();
-        let found: OperatorMetadata = crate::checkpoint::log::parse_line(&path, 2, line)?;
+        let found: OperatorMetadata = crate::checkpoint::log::parse_line(&path, 2, &line)?;
         if found != *self {
             return Err(Error::Config {
                 key: "state".into(),
@@ -480,6 +469,27 @@ impl OperatorMetadata {
         }
         Ok(())
     }
+}
+
+/// Writes `v1` and `line` as `dir/name` if there is no such file (`None`); otherwise the
+/// line the file holds, for the caller to compare with its own.
+pub(crate) async fn write_line_once(
+    dir: &Location,
+    name: &str,
+    line: String,
+) -> Result<Option<String>> {
+    dir.create_dir().await?;
+    let bytes = crate::checkpoint::log::render([line]);
+    if let crate::storage::WriteOutcome::Written = dir.put_new(name, bytes).await? {
+        return Ok(None);
+    }
+    let path = dir.describe(name);
+    let found = dir.get(name).await?.ok_or_else(|| Error::CorruptState {
+        path: path.clone(),
+        reason: "it vanished while being read".into(),
+    })?;
+    let lines = crate::checkpoint::log::parse_versioned(&found, &path, 1, "state metadata")?;
+    Ok(Some(lines.into_iter().next().unwrap_or_default()))
 }
 
 fn partitions(m: &OperatorMetadata) -> u32 {

@@ -22,6 +22,17 @@ fn contents(s: &StateStore) -> BTreeMap<Vec<u8>, Vec<u8>> {
     s.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
 }
 
+/// What a new store (as after a restart) at `at` holds once it loaded `version`.
+async fn load_fresh(
+    at: &Location,
+    c: StateConf,
+    version: u64,
+) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+    let mut fresh = StateStore::new(at.clone(), c);
+    fresh.load(version).await?;
+    Ok(contents(&fresh))
+}
+
 /// Batch `b`'s changes, the same on every attempt: puts key b % 7 (its value the batch),
 /// removes key (b + 3) % 7 unless that is the same key.
 fn run_batch(s: &mut StateStore, b: u64) {
@@ -59,9 +70,7 @@ async fn versions_load_from_snapshots_and_deltas_after_a_restart_and_equal_the_r
     let at = Location::local(dir.path().join("state/0/0"));
     let mut s = StateStore::new(at.clone(), conf(5, 100));
     for b in 0..23 {
-        s.load(b).await.unwrap();
-        run_batch(&mut s, b);
-        assert_eq!(s.commit().await.unwrap(), b + 1);
+        batch(&mut s, b).await;
         assert_eq!(contents(&s), reference(b + 1), "in memory after batch {b}");
     }
     let listed = names(&dir.path().join("state/0/0"));
@@ -84,9 +93,7 @@ async fn a_replay_never_sees_its_first_attempts_changes_and_replaces_its_files()
     let at = Location::local(dir.path().join("s"));
     let mut s = StateStore::new(at.clone(), conf(10, 100));
     for b in 0..3 {
-        s.load(b).await.unwrap();
-        run_batch(&mut s, b);
-        s.commit().await.unwrap();
+        batch(&mut s, b).await;
     }
     // Batch 3, first attempt: changes of its own, committed as version 4, then a crash
     // before commits/3.
@@ -164,9 +171,11 @@ async fn retention_keeps_the_newest_versions_loadable_and_deletes_the_rest() {
         ]
     );
     for v in 25..=30 {
-        let mut fresh = StateStore::new(at.clone(), conf(4, 6));
-        fresh.load(v).await.unwrap();
-        assert_eq!(contents(&fresh), reference(v), "version {v}");
+        assert_eq!(
+            load_fresh(&at, conf(4, 6), v).await.unwrap(),
+            reference(v),
+            "version {v}"
+        );
     }
     let mut fresh = StateStore::new(at, conf(4, 6));
     let err = fresh.load(20).await.unwrap_err().to_string();
@@ -186,17 +195,9 @@ async fn missing_and_damaged_files_are_errors_naming_them_never_an_empty_state()
     let at = Location::local(&folder);
     let mut s = StateStore::new(at.clone(), conf(3, 100));
     for b in 0..5 {
-        s.load(b).await.unwrap();
-        run_batch(&mut s, b);
-        s.commit().await.unwrap();
+        batch(&mut s, b).await;
     }
-    let load = |v: u64| {
-        let at = at.clone();
-        async move {
-            let mut fresh = StateStore::new(at, conf(3, 100));
-            fresh.load(v).await.map(|()| contents(&fresh))
-        }
-    };
+    let load = |v: u64| load_fresh(&at, conf(3, 100), v);
     // Cut short: the footer is gone.
     let delta5 = folder.join("5.delta");
     let whole = std::fs::read(&delta5).unwrap();
@@ -301,9 +302,11 @@ async fn a_replay_leaves_no_file_of_the_first_attempt_whatever_the_snapshot_inte
     r.purge().await.unwrap();
     assert!(!folder.join("4.snapshot").exists());
     for v in [3, 4] {
-        let mut fresh = StateStore::new(at.clone(), conf(4, 2));
-        fresh.load(v).await.unwrap();
-        assert_eq!(contents(&fresh), reference(v), "version {v}");
+        assert_eq!(
+            load_fresh(&at, conf(4, 2), v).await.unwrap(),
+            reference(v),
+            "version {v}"
+        );
     }
 }
 
@@ -363,7 +366,8 @@ async fn committing_on_an_older_version_or_beside_another_writer_is_refused() {
     let err = b.commit().await.unwrap_err();
     assert!(matches!(err, Error::CheckpointInUse { .. }), "{err}");
     assert!(err.to_string().contains("6.delta"), "{err}");
-    let mut fresh = StateStore::new(at, conf(10, 100));
-    fresh.load(6).await.unwrap();
-    assert_eq!(contents(&fresh), reference(6));
+    assert_eq!(
+        load_fresh(&at, conf(10, 100), 6).await.unwrap(),
+        reference(6)
+    );
 }

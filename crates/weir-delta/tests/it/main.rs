@@ -413,17 +413,7 @@ async fn expired_log_files_are_removed_at_checkpoints_and_the_table_reads_whole(
     let sink = DeltaAppend::new(at.clone()).optimize_every(0);
     let q = uuid::Uuid::new_v4();
     sink.call(df(&[(0, "a", 0)]), ctx(q, 0)).await.unwrap();
-    let props = std::collections::HashMap::from([(
-        "delta.logRetentionDuration".to_string(),
-        "interval 0 seconds".to_string(),
-    )]);
-    weir_delta::open(&at, 0)
-        .await
-        .unwrap()
-        .set_tbl_properties()
-        .with_properties(props)
-        .await
-        .unwrap();
+    set_properties(&at, &[("delta.logRetentionDuration", "interval 0 seconds")]).await;
     let batches: u64 = 205;
     for id in 1..batches {
         let i = id as i64;
@@ -453,6 +443,22 @@ async fn expired_log_files_are_removed_at_checkpoints_and_the_table_reads_whole(
     assert_eq!(table_rows(&at).await.len() as u64, more);
 }
 
+/// Sets table properties of the table at `at` (a commit of its own).
+async fn set_properties(at: &Location, props: &[(&str, &str)]) {
+    weir_delta::open(at, 0)
+        .await
+        .unwrap()
+        .set_tbl_properties()
+        .with_properties(
+            props
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+        .await
+        .unwrap();
+}
+
 /// The commit file versions in the `_delta_log` folder `log` whose names end in `suffix`.
 fn log_versions(log: &std::path::Path, suffix: &str) -> Vec<u64> {
     let mut v: Vec<u64> = std::fs::read_dir(log)
@@ -478,20 +484,14 @@ async fn compactions_leave_expired_log_files_to_the_cleanup_at_reload() {
     let sink = DeltaAppend::new(at.clone()).optimize_every(10);
     let q = uuid::Uuid::new_v4();
     sink.call(df(&[(0, "a", 0)]), ctx(q, 0)).await.unwrap();
-    let props = std::collections::HashMap::from([
-        (
-            "delta.logRetentionDuration".to_string(),
-            "interval 0 seconds".to_string(),
-        ),
-        ("delta.checkpointInterval".to_string(), "10".to_string()),
-    ]);
-    weir_delta::open(&at, 0)
-        .await
-        .unwrap()
-        .set_tbl_properties()
-        .with_properties(props)
-        .await
-        .unwrap();
+    set_properties(
+        &at,
+        &[
+            ("delta.logRetentionDuration", "interval 0 seconds"),
+            ("delta.checkpointInterval", "10"),
+        ],
+    )
+    .await;
     let log = dir.path().join("t/_delta_log");
     let mut id = 1;
     // Versions 0 (batch 0), 1 (the properties), then a commit per batch and one per
