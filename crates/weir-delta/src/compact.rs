@@ -125,14 +125,15 @@ impl Compaction {
         if !self.due(batch_id, bytes) {
             return Ok(table);
         }
-        let mut optimize = crate::store::for_compaction(&table)
+        let (table, own) = crate::store::for_compaction(table);
+        let mut optimize = table
             .optimize()
             .with_commit_properties(commit_properties())
             .with_writer_properties(compaction_writer_properties());
         if let Some(target) = NonZeroU64::new(COMPACT_TARGET_BYTES) {
             optimize = optimize.with_target_size(target);
         }
-        let (compacted, metrics) = optimize.await.map_err(|source| DeltaSinkError::Delta {
+        let (table, metrics) = optimize.await.map_err(|source| DeltaSinkError::Delta {
             table: at.to_string(),
             batch_id,
             action: "compacting small files (optimize)",
@@ -144,7 +145,7 @@ impl Compaction {
             metrics.num_files_removed,
             metrics.num_files_added
         );
-        Ok(crate::store::with_log_store_of(&table, compacted))
+        Ok(crate::store::with_log_store(table, own))
     }
 }
 

@@ -137,19 +137,21 @@ impl std::fmt::Debug for BoundedReads {
 /// through the kernel engine, on the root store and with an offset), and with nothing
 /// listed the hook finds no checkpoint and removes nothing. Expired log files are removed
 /// by weir's own cleanup ([`crate::log_cleanup`]) instead, as after every other commit weir
-/// makes. Use the table only for the OPTIMIZE and carry on with [`with_log_store_of`].
-pub(crate) fn for_compaction(table: &DeltaTable) -> DeltaTable {
+/// makes. Returns the table's own log store too: use the table only for the OPTIMIZE and
+/// carry on with [`with_log_store`].
+pub(crate) fn for_compaction(table: DeltaTable) -> (DeltaTable, Arc<dyn LogStore>) {
+    let own = table.log_store();
     let mut t = DeltaTable::new(Arc::new(BoundedReads {
-        inner: table.log_store(),
+        inner: own.clone(),
         unlisted_log: true,
     }));
-    t.state = table.state.clone();
-    t
+    t.state = table.state;
+    (t, own)
 }
 
-/// `table`'s state with `original`'s log store (undoes [`for_compaction`]).
-pub(crate) fn with_log_store_of(original: &DeltaTable, table: DeltaTable) -> DeltaTable {
-    let mut t = DeltaTable::new(original.log_store());
+/// `table`'s state with the log store `own` (undoes [`for_compaction`]).
+pub(crate) fn with_log_store(table: DeltaTable, own: Arc<dyn LogStore>) -> DeltaTable {
+    let mut t = DeltaTable::new(own);
     t.state = table.state;
     t
 }
