@@ -27,7 +27,9 @@ pub mod storage;
 pub use api::{
     DataStreamReader, DataStreamWriter, IntoLocation, LocationSpec, StreamingDataFrame, WeirSession,
 };
-pub use engine::{QueryListener, StreamingQuery, StreamingQueryProgress, Trigger};
+pub use engine::{
+    Aggregation, OutputMode, QueryListener, StreamingQuery, StreamingQueryProgress, Trigger,
+};
 pub use error::{BoxError, Error, Result};
 pub use sink::{
     BatchContext, ConsoleSink, FanOut, ForeachBatch, NullKeys, NullOrdering, ParquetSink,

@@ -351,6 +351,44 @@ impl StreamingDataFrame {
         self
     }
 
+    /// Spark's `withWatermark`: rows of this stream may come up to `delay` late in the
+    /// timestamp column `column`. After each batch the watermark becomes the latest event
+    /// time seen minus `delay` (it never goes back; 0 before the first batch), recorded in
+    /// `offsets/N` (`batchWatermarkMs`) and `commits/N` (`nextBatchWatermarkMs`); the
+    /// stateful steps after this one drop rows at or below it and evict what it passed;
+    /// when it moves and no data comes, a batch without data runs so windows close.
+    /// One per query.
+    pub fn with_watermark(mut self, column: impl Into<String>, delay: std::time::Duration) -> Self {
+        self.transforms.push(Transform::Watermark {
+            column: column.into(),
+            delay,
+        });
+        self
+    }
+
+    /// Spark 3.5's `dropDuplicatesWithinWatermark`: a row passes unless a row with the same
+    /// values in `keys` passed before it and the watermark has not yet passed that row's
+    /// event time plus the watermark's delay. State stays bounded. Needs
+    /// [`Self::with_watermark`] before it.
+    pub fn drop_duplicates_within_watermark<I, S>(mut self, keys: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.transforms
+            .push(Transform::DropDuplicatesWithinWatermark(
+                keys.into_iter().map(Into::into).collect(),
+            ));
+        self
+    }
+
+    /// A streaming aggregation (Spark's `groupBy(window(...), ...).agg(...)` with an output
+    /// mode): the function and the sinks receive its output rows instead of the input.
+    pub fn aggregate(mut self, aggregation: crate::engine::Aggregation) -> Self {
+        self.transforms.push(Transform::Aggregate(aggregation));
+        self
+    }
+
     /// Starts describing where the batches go.
     pub fn write_stream(self) -> DataStreamWriter {
         DataStreamWriter {
@@ -508,7 +546,7 @@ impl DataStreamWriter {
                 )
             })?
             .resolve("query.checkpoint", &self.frame.session.storage)?;
-        crate::engine::check_keys_at_start(&self.frame.source_schema(), &self.frame.transforms)?;
+        crate::engine::check_at_start(&self.frame.source_schema(), &self.frame.transforms)?;
         let name = self.name.unwrap_or_else(|| "query".to_string());
         let checkpoint = Checkpoint::open(dir, &name, self.lease).await?;
         let start = match checkpoint.recover().await {

@@ -23,7 +23,7 @@ impl<'de> Deserialize<'de> for DurationText {
             .map(DurationText)
             .map_err(|_| {
                 serde::de::Error::custom(format!(
-                    "'{s}' is not a duration such as 500ms, 30s, 5m, 2h or 7d"
+                    "'{s}' is not a duration such as 500ms, 30s, 5m, 2h, 7d or 10 minutes"
                 ))
             })
     }

@@ -4,7 +4,7 @@ pub mod progress;
 mod query;
 mod runner;
 mod stateful;
-pub(crate) use stateful::check_keys_at_start;
+pub(crate) use stateful::check_at_start;
 pub mod trigger;
 
 pub use progress::{
@@ -15,4 +15,5 @@ pub(crate) use query::Shared;
 pub use query::StreamingQuery;
 pub use runner::{BATCH_VIEW, Transform};
 pub(crate) use runner::{QuerySpec, run};
+pub use stateful::{Aggregation, OutputMode};
 pub use trigger::{Trigger, parse_duration};

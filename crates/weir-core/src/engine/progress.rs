@@ -25,6 +25,10 @@ pub struct StreamingQueryProgress {
     /// `latestOffset, walCommit, getBatch, queryPlanning, addBatch, commitOffsets,
     /// triggerExecution`, in ms.
     pub duration_ms: BTreeMap<String, u64>,
+    /// With a watermark: `watermark` (the batch's), and `min`, `max`, `avg` of the event
+    /// times the batch brought, ISO-8601 UTC with milliseconds (Spark's `eventTime`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub event_time: BTreeMap<String, String>,
     pub state_operators: Vec<serde_json::Value>,
     pub sources: Vec<SourceProgress>,
     pub sink: SinkProgress,
@@ -207,6 +211,7 @@ mod tests {
             input_rows_per_second: 12.2,
             processed_rows_per_second: 15.3,
             duration_ms: [("addBatch".to_string(), 1078u64)].into_iter().collect(),
+            event_time: BTreeMap::new(),
             state_operators: vec![],
             sources: vec![],
             sink: SinkProgress {

@@ -27,7 +27,7 @@ use super::progress::{
     SinkProgress, SourceProgress, StreamingQueryProgress,
 };
 use super::query::{Shared, Status};
-use super::stateful::Dedupe;
+use super::stateful::{Aggregation, EventTime, EventTimeStats, Operator};
 use super::trigger::{Trigger, next_tick};
 use crate::checkpoint::{Checkpoint, CommitMetadata, OffsetSeq, OffsetSeqMetadata, StartPoint};
 use crate::error::{Error, Result};
@@ -48,6 +48,13 @@ pub enum Transform {
     /// Streaming deduplication on these columns: a row passes only if no earlier row, in
     /// this batch or any before it, had the same values (see `engine::stateful`).
     DropDuplicates(Vec<String>),
+    /// Spark's `withWatermark`: the event-time column and how late its rows may come.
+    Watermark { column: String, delay: Duration },
+    /// Spark's `dropDuplicatesWithinWatermark`: a row passes unless a row with the same
+    /// values came before it less than the watermark's delay earlier (in event time).
+    DropDuplicatesWithinWatermark(Vec<String>),
+    /// A streaming aggregation (see [`Aggregation`]).
+    Aggregate(Aggregation),
 }
 
 /// Everything the runner needs; built by `DataStreamWriter::start`.
@@ -75,13 +82,16 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
     let outcome = tokio::spawn(async move {
         let conf = crate::state::StateConf::new(10, spec.retain)?;
         let mut stateful = Vec::new();
+        let root = spec.checkpoint.state_root();
+        let mut watermark = None;
         for t in &spec.transforms {
-            if let Transform::DropDuplicates(keys) = t {
-                stateful.push(Dedupe::new(
-                    stateful.len() as u32,
-                    keys.clone(),
-                    spec.checkpoint.state_root(),
-                    conf,
+            if let Some(op) = Operator::for_transform(stateful.len() as u32, t, &root, conf)? {
+                stateful.push(op);
+            }
+            if let Transform::Watermark { column, delay } = t {
+                watermark = Some((
+                    column.clone(),
+                    i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
                 ));
             }
         }
@@ -89,6 +99,8 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
             spec,
             shared: task_shared,
             stateful: tokio::sync::Mutex::new(stateful),
+            watermark,
+            event_times: std::sync::Mutex::new(EventTimeStats::default()),
         }
         .run()
         .await
@@ -136,7 +148,11 @@ struct Runner {
     spec: QuerySpec,
     shared: Arc<Shared>,
     /// The stateful operators, in the order of their transforms.
-    stateful: tokio::sync::Mutex<Vec<Dedupe>>,
+    stateful: tokio::sync::Mutex<Vec<Operator>>,
+    /// The watermark's column and delay in ms, if the query has one.
+    watermark: Option<(String, i64)>,
+    /// The event times the current batch brought past the watermark step.
+    event_times: std::sync::Mutex<EventTimeStats>,
 }
 
 /// What one batch reads.
@@ -161,6 +177,20 @@ impl Runner {
     async fn run(mut self) -> Result<()> {
         let origin = Instant::now();
         let path_of = |id: u64, cp: &Checkpoint| cp.offsets_name(id);
+        // The watermark the next new batch runs with, and the one the last batch ran with.
+        let (mut watermark_ms, mut last_watermark_ms) = match &self.spec.start {
+            StartPoint::Fresh => (0, 0),
+            StartPoint::Replay { batch, .. } => (
+                batch.metadata.batch_watermark_ms,
+                batch.metadata.batch_watermark_ms,
+            ),
+            StartPoint::Next {
+                previous, commit, ..
+            } => (
+                commit.next_batch_watermark_ms,
+                previous.metadata.batch_watermark_ms,
+            ),
+        };
         let (mut next_id, mut start, mut pending) =
             match std::mem::replace(&mut self.spec.start, StartPoint::Fresh) {
                 StartPoint::Fresh => (0, None, None),
@@ -229,11 +259,23 @@ impl Runner {
                     }
                 }
                 None => match self
-                    .plan(next_id, start.as_ref(), &mut durations)
+                    .plan(next_id, start.as_ref(), watermark_ms, &mut durations)
                     .instrument(self.batch_span(next_id))
                     .await?
                 {
                     Some(p) => p,
+                    // Spark's no-data batch: the watermark moved, so windows close and
+                    // state is evicted although nothing new came.
+                    None if self.spec.trigger != Trigger::Once
+                        && watermark_ms > last_watermark_ms
+                        && self.watermark.is_some()
+                        && !self.stateful.lock().await.is_empty()
+                        && let Some(s) = &start =>
+                    {
+                        self.plan_no_data(next_id, s, watermark_ms, &mut durations)
+                            .instrument(self.batch_span(next_id))
+                            .await?
+                    }
                     None => {
                         match self.spec.trigger {
                             Trigger::Once => return Ok(()),
@@ -287,18 +329,27 @@ impl Runner {
             };
             idle_reported = false;
             let id = planned.id;
-            let (rows, metrics, state_operators) = self
+            let (rows, metrics, state_operators, next_watermark) = self
                 .run_batch(&planned, start.as_ref(), &mut durations)
                 .instrument(self.batch_span(id))
                 .await?;
+            last_watermark_ms = planned.metadata.batch_watermark_ms;
+            watermark_ms = next_watermark;
             let total = trigger_start.elapsed();
             durations.insert("triggerExecution".into(), total.as_millis() as u64);
+            let event_time = match self.watermark {
+                Some(_) => self
+                    .event_times()?
+                    .progress(planned.metadata.batch_watermark_ms),
+                None => BTreeMap::new(),
+            };
             let timing = Timing {
                 wall_start,
                 trigger_start,
                 previous_trigger,
                 durations,
                 state_operators,
+                event_time,
             };
             self.report(&planned, start.as_ref(), rows, &metrics, timing);
             previous_trigger = Some(trigger_start);
@@ -328,11 +379,51 @@ impl Runner {
         tracing::info_span!("batch", query = %self.shared.name, batch_id = id)
     }
 
+    fn event_times(&self) -> Result<std::sync::MutexGuard<'_, EventTimeStats>> {
+        self.event_times.lock().map_err(|_| Error::Internal {
+            what: "the event-time statistics lock is poisoned".into(),
+        })
+    }
+
+    /// Records batch `id` as a no-data batch: the range of the batch before (nothing to
+    /// read) with the watermark that moved since.
+    async fn plan_no_data(
+        &self,
+        id: u64,
+        start: &SourceOffset,
+        watermark_ms: i64,
+        durations: &mut BTreeMap<String, u64>,
+    ) -> Result<Planned> {
+        let metadata = OffsetSeqMetadata {
+            batch_watermark_ms: watermark_ms,
+            batch_timestamp_ms: chrono::Utc::now().timestamp_millis(),
+            conf: self.spec.conf.clone(),
+        };
+        let t = Instant::now();
+        let seq = OffsetSeq {
+            metadata: metadata.clone(),
+            offsets: vec![Some(start.clone())],
+        };
+        self.shared.set_current_batch(id);
+        self.spec.checkpoint.write_offsets(id, &seq).await?;
+        durations.insert("walCommit".into(), t.elapsed().as_millis() as u64);
+        fault::hit("after-offsets-write", id)?;
+        tracing::info!(query = %self.shared.name, batch = id, "no-data batch {id}: the watermark moved to {}", super::stateful::iso(watermark_ms));
+        Ok(Planned {
+            id,
+            latest: Some(start.clone()),
+            end: start.clone(),
+            metadata,
+            replay: false,
+        })
+    }
+
     /// Steps 1-2: decides batch `id`'s range and records it. `None`: no new data.
     async fn plan(
         &self,
         id: u64,
         start: Option<&SourceOffset>,
+        watermark_ms: i64,
         durations: &mut BTreeMap<String, u64>,
     ) -> Result<Option<Planned>> {
         let limit = match self.spec.trigger {
@@ -356,7 +447,7 @@ impl Runner {
             return Ok(None);
         };
         let metadata = OffsetSeqMetadata {
-            batch_watermark_ms: 0,
+            batch_watermark_ms: watermark_ms,
             batch_timestamp_ms: chrono::Utc::now().timestamp_millis(),
             conf: self.spec.conf.clone(),
         };
@@ -383,13 +474,14 @@ impl Runner {
         }))
     }
 
-    /// Steps 3-5 for a planned batch; returns the input row count and the sinks' figures.
+    /// Steps 3-5 for a planned batch; returns the input row count, the sinks' figures, the
+    /// stateful operators' progress and the watermark for the next batch.
     async fn run_batch(
         &self,
         p: &Planned,
         start: Option<&SourceOffset>,
         durations: &mut BTreeMap<String, u64>,
-    ) -> Result<(u64, Arc<SinkMetrics>, Vec<serde_json::Value>)> {
+    ) -> Result<(u64, Arc<SinkMetrics>, Vec<serde_json::Value>, i64)> {
         let id = p.id;
         self.shared.set_current_batch(id);
         let ctx = &self.spec.ctx;
@@ -406,8 +498,14 @@ impl Runner {
         durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
 
         let t = Instant::now();
+        *self.event_times()? = EventTimeStats::default();
+        let event = self.watermark.as_ref().map(|(column, delay_ms)| EventTime {
+            column: column.clone(),
+            delay_ms: *delay_ms,
+            watermark_ms: p.metadata.batch_watermark_ms,
+        });
         let df = self
-            .transform(table, id)
+            .transform(table, id, event.as_ref())
             .await
             .map_err(self.in_batch(id, "applying the transforms"))?;
         durations.insert("queryPlanning".into(), t.elapsed().as_millis() as u64);
@@ -469,11 +567,22 @@ impl Runner {
         }
         durations.insert("addBatch".into(), t.elapsed().as_millis() as u64);
 
+        let next_watermark = match &event {
+            Some(e) => self
+                .event_times()?
+                .next_watermark(e.watermark_ms, e.delay_ms),
+            None => 0,
+        };
         let t = Instant::now();
         fault::hit("before-commit-write", id)?;
         self.spec
             .checkpoint
-            .write_commit(id, &CommitMetadata::default())
+            .write_commit(
+                id,
+                &CommitMetadata {
+                    next_batch_watermark_ms: next_watermark,
+                },
+            )
             .await?;
         fault::hit("after-commit-write", id)?;
         self.spec
@@ -490,10 +599,15 @@ impl Runner {
                 .map_err(self.in_batch(id, "deleting state files past retention"))?;
         }
         durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
-        Ok((rows, metrics, state_operators))
+        Ok((rows, metrics, state_operators, next_watermark))
     }
 
-    async fn transform(&self, table: Arc<MemTable>, batch_id: u64) -> Result<DataFrame> {
+    async fn transform(
+        &self,
+        table: Arc<MemTable>,
+        batch_id: u64,
+        event: Option<&EventTime>,
+    ) -> Result<DataFrame> {
         let ctx = &self.spec.ctx;
         let mut df = ctx
             .read_table(table.clone())
@@ -501,13 +615,36 @@ impl Runner {
         let mut stateful = 0;
         for t in &self.spec.transforms {
             df = match t {
-                Transform::DropDuplicates(_) => {
+                Transform::DropDuplicates(_)
+                | Transform::DropDuplicatesWithinWatermark(_)
+                | Transform::Aggregate(_) => {
                     let mut ops = self.stateful.lock().await;
                     let op = ops.get_mut(stateful).ok_or_else(|| Error::Internal {
                         what: format!("stateful operator {stateful} was not set up"),
                     })?;
                     stateful += 1;
-                    op.apply(ctx, df, batch_id).await?
+                    op.apply(ctx, df, batch_id, event).await?
+                }
+                Transform::Watermark { column, .. } => {
+                    // Materialized once here: the statistics and the steps after read it.
+                    let schema = df.schema().inner().clone();
+                    let i = schema.index_of(column).map_err(|_| {
+                        Error::config(
+                            super::stateful::WATERMARK_KEY,
+                            format!("no column `{column}` in the batch at the watermark"),
+                        )
+                    })?;
+                    super::stateful::check_event_type(column, schema.field(i).data_type())?;
+                    let parts = df
+                        .collect_partitioned()
+                        .await
+                        .map_err(|e| Error::datafusion("reading the batch at the watermark", e))?;
+                    let batches: Vec<_> = parts.iter().flatten().cloned().collect();
+                    self.event_times()?.observe(&batches, i)?;
+                    let table = MemTable::try_new(schema, parts)
+                        .map_err(|e| Error::datafusion("holding the batch at the watermark", e))?;
+                    ctx.read_table(Arc::new(table))
+                        .map_err(|e| Error::datafusion("reading the batch at the watermark", e))?
                 }
                 Transform::Fn(f) => {
                     f(df).map_err(|e| Error::datafusion("the DataFrame transform", e))?
@@ -541,6 +678,7 @@ impl Runner {
             previous_trigger,
             durations,
             state_operators,
+            event_time,
         } = t;
         let total_ms = durations.get("triggerExecution").copied().unwrap_or(0);
         let processed = per_second(rows, total_ms as f64 / 1000.0);
@@ -558,6 +696,7 @@ impl Runner {
             input_rows_per_second: input,
             processed_rows_per_second: processed,
             duration_ms: durations,
+            event_time,
             state_operators,
             sources: vec![SourceProgress {
                 description: self.spec.source.description(),
@@ -614,6 +753,8 @@ struct Timing {
     durations: BTreeMap<String, u64>,
     /// The stateful operators' progress entries.
     state_operators: Vec<serde_json::Value>,
+    /// Spark's `eventTime` entry (empty without a watermark).
+    event_time: BTreeMap<String, String>,
 }
 
 /// Reads the batch once into memory: the row count for progress, and every action of the

@@ -67,7 +67,8 @@ impl std::str::FromStr for Trigger {
     }
 }
 
-/// Parses `250ms`, `30s`, `5m`, `2h`, `7d` or `0`; errors name `key`.
+/// Parses `250ms`, `30s`, `5m`, `2h`, `7d` or `0`, or Spark's spellings (`10 minutes`,
+/// `30 seconds`, `1 hour`, `2 days`, `500 milliseconds`); errors name `key`.
 pub fn parse_duration(key: &str, s: &str) -> Result<Duration> {
     let s = s.trim();
     if s == "0" {
@@ -78,15 +79,15 @@ pub fn parse_duration(key: &str, s: &str) -> Result<Duration> {
     let n: u64 = num.parse().map_err(|_| {
         Error::config(
             key,
-            format!("'{s}' is not a duration such as 500ms, 30s, 5m, 2h or 7d"),
+            format!("'{s}' is not a duration such as 500ms, 30s, 5m, 2h, 7d or 10 minutes"),
         )
     })?;
     let factor: u64 = match unit.trim() {
-        "ms" => 1,
-        "s" => 1000,
-        "m" | "min" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
+        "ms" | "millisecond" | "milliseconds" => 1,
+        "s" | "second" | "seconds" => 1000,
+        "m" | "min" | "minute" | "minutes" => 60_000,
+        "h" | "hour" | "hours" => 3_600_000,
+        "d" | "day" | "days" => 86_400_000,
         other => {
             return Err(Error::config(
                 key,
@@ -146,7 +147,11 @@ mod tests {
         );
         assert_eq!(
             parse_duration("k", "7d").unwrap(),
-            Duration::from_secs(7 * 86400)
+            Duration::from_secs(7 * 86_400)
+        );
+        assert_eq!(
+            parse_duration("k", "10 minutes").unwrap(),
+            Duration::from_secs(600)
         );
         assert!(parse_duration("k", "18446744073709551615s").is_err());
         assert!("3000000000000000h".parse::<Trigger>().is_err());

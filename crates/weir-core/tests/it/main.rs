@@ -4,6 +4,7 @@
 
 mod files;
 mod runner;
+mod stateful;
 
 use std::sync::Arc;
 

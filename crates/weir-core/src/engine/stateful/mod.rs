@@ -1,0 +1,502 @@
+//! Stateful operators between the transforms and the function: event-time watermarks,
+//! streaming deduplication and streaming aggregation.
+//!
+//! Each operator keeps its state in its own [`StateStore`] (`state/<operator>/0`, one
+//! partition): batch N loads version N (the store holds it in memory between batches), and
+//! version N+1 is committed after the function returned `Ok` and before `commits/N`. A
+//! replay of N loads version N again, so it gives the same output as its first attempt.
+//!
+//! - `drop_duplicates(keys)` passes a row only if no row with the same key values came
+//!   before it, in this batch or any earlier one (Spark's `dropDuplicates`). Without a
+//!   watermark its state grows with the number of distinct keys; with one, rows at or below
+//!   the watermark are dropped, and if the event-time column is one of the keys a key is
+//!   evicted once the watermark passes its event time.
+//! - `drop_duplicates_within_watermark(keys)` (Spark 3.5's `dropDuplicatesWithinWatermark`)
+//!   keeps a key until the watermark passes its first row's event time plus the delay: a
+//!   copy closer than the delay to the first is dropped, state stays bounded.
+//! - aggregation: see [`aggregate`].
+//!
+//! Keys and values are written in an encoding of weir's own ([`keys`]); what each operator
+//! was written with is recorded under `state/<operator>/_metadata`, and a query that
+//! differs from it is refused.
+
+mod aggregate;
+mod keys;
+mod watermark;
+
+pub use aggregate::{Aggregation, OutputMode};
+pub(crate) use watermark::{
+    EventTime, EventTimeStats, KEY as WATERMARK_KEY, check_type as check_event_type, iso,
+};
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::array::{ArrayRef, BooleanArray};
+use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::datasource::MemTable;
+use datafusion::prelude::{DataFrame, SessionContext};
+
+use crate::error::{Error, Result};
+use crate::state::{OperatorMetadata, StateConf, StateStore, write_line_once};
+use crate::storage::Location;
+
+use super::runner::Transform;
+use keys::{encode_value, family};
+
+/// A stateful operator of a query.
+pub(crate) enum Operator {
+    Dedupe(Box<Dedupe>),
+    Aggregate(Box<aggregate::Aggregate>),
+}
+
+impl Operator {
+    /// The operator for transform `t`, the `index`-th stateful one; `None` if `t` is not
+    /// stateful.
+    pub(crate) fn for_transform(
+        index: u32,
+        t: &Transform,
+        state_root: &Location,
+        conf: StateConf,
+    ) -> Result<Option<Operator>> {
+        let store = StateStore::new(state_root.join(&format!("{index}/0")), conf);
+        let op = OperatorState {
+            operator: index,
+            state_root: state_root.clone(),
+            store,
+            checked: false,
+        };
+        Ok(match t {
+            Transform::DropDuplicates(keys) => Some(Operator::Dedupe(Box::new(Dedupe::new(
+                op,
+                keys.clone(),
+                DedupeMode::Plain,
+            )))),
+            Transform::DropDuplicatesWithinWatermark(keys) => Some(Operator::Dedupe(Box::new(
+                Dedupe::new(op, keys.clone(), DedupeMode::WithinWatermark),
+            ))),
+            Transform::Aggregate(a) => Some(Operator::Aggregate(Box::new(
+                aggregate::Aggregate::new(op, a.clone())?,
+            ))),
+            Transform::Sql(_) | Transform::Fn(_) | Transform::Watermark { .. } => None,
+        })
+    }
+
+    /// The operator's output for batch `batch_id`'s rows `df`.
+    pub(crate) async fn apply(
+        &mut self,
+        ctx: &SessionContext,
+        df: DataFrame,
+        batch_id: u64,
+        event: Option<&EventTime>,
+    ) -> Result<DataFrame> {
+        match self {
+            Operator::Dedupe(d) => d.apply(ctx, df, batch_id, event).await,
+            Operator::Aggregate(a) => a.apply(ctx, df, batch_id, event).await,
+        }
+    }
+
+    /// Commits the batch's updates as the next version; its progress entry (Spark's fields).
+    pub(crate) async fn commit(&mut self) -> Result<serde_json::Value> {
+        let (state, m) = match self {
+            Operator::Dedupe(d) => (&mut d.op, d.metrics.clone()),
+            Operator::Aggregate(a) => (&mut a.op, a.metrics.clone()),
+        };
+        let started = Instant::now();
+        state.store.commit().await?;
+        let commit_ms = started.elapsed().as_millis() as u64;
+        Ok(serde_json::json!({
+            "operatorName": m.name,
+            "numRowsTotal": state.store.len(),
+            "numRowsUpdated": m.updated,
+            "allUpdatesTimeMs": m.update_ms,
+            "numRowsRemoved": m.removed,
+            "allRemovalsTimeMs": m.remove_ms,
+            "commitTimeMs": commit_ms,
+            "memoryUsedBytes": state.store.memory_bytes(),
+            "numRowsDroppedByWatermark": m.dropped_late,
+            "numShufflePartitions": 1,
+            "numStateStoreInstances": 1,
+            "customMetrics": {}
+        }))
+    }
+
+    /// Lets retention delete the files no kept version needs (after `commits/N`).
+    pub(crate) async fn purge(&mut self) -> Result<()> {
+        match self {
+            Operator::Dedupe(d) => d.op.store.purge().await,
+            Operator::Aggregate(a) => a.op.store.purge().await,
+        }
+    }
+}
+
+/// What every operator has: its place in the checkpoint and its store.
+pub(crate) struct OperatorState {
+    operator: u32,
+    state_root: Location,
+    store: StateStore,
+    /// Whether the metadata was checked by this process.
+    checked: bool,
+}
+
+impl OperatorState {
+    /// The store's folder, for errors.
+    fn store_path(&self) -> String {
+        self.state_root.describe(&format!("{}/0", self.operator))
+    }
+
+    /// Checks (once per process) and records what the state is written with: Spark's
+    /// operator metadata, and `description` as `_metadata/<file>`; then loads version
+    /// `batch_id`. `key` is the setting errors name.
+    async fn prepare(
+        &mut self,
+        batch_id: u64,
+        name: &str,
+        file: &str,
+        description: String,
+        key: &str,
+    ) -> Result<()> {
+        if !self.checked {
+            self.check_metadata(batch_id, name, file, description, key)
+                .await?;
+            self.checked = true;
+        }
+        if self.store.version().is_none() {
+            let newest = self.store.newest_version().await?;
+            if newest < batch_id {
+                return Err(Error::config(
+                    key,
+                    format!(
+                        "the state of stateful operator {} stops at version {newest} (after \
+                         batch {}), and this is batch {batch_id}: the query ran batches \
+                         without the operator, whose rows are not in the state; a stateful \
+                         operator cannot be removed and added back on the same checkpoint, \
+                         start the query on a new checkpoint",
+                        self.operator,
+                        newest.saturating_sub(1),
+                    ),
+                ));
+            }
+        }
+        self.store.load(batch_id).await
+    }
+
+    async fn check_metadata(
+        &self,
+        batch_id: u64,
+        name: &str,
+        file: &str,
+        description: String,
+        key: &str,
+    ) -> Result<()> {
+        let meta_dir = self
+            .state_root
+            .join(&format!("{}/_metadata", self.operator));
+        if batch_id > 0 && meta_dir.get(file).await?.is_none() {
+            return Err(Error::config(
+                key,
+                format!(
+                    "the checkpoint is at batch {batch_id} and holds no state for stateful \
+                     operator {} ({} is missing): a stateful operator cannot be added to a \
+                     query that already ran; start it on a new checkpoint",
+                    self.operator,
+                    meta_dir.describe(file)
+                ),
+            ));
+        }
+        OperatorMetadata::new(self.operator, name, 1)
+            .ensure(&self.state_root)
+            .await?;
+        if let Some(found) = write_line_once(&meta_dir, file, description.clone()).await?
+            && found != description
+        {
+            return Err(Error::config(
+                key,
+                format!(
+                    "the state was written with {found} ({}); this query has {description}: \
+                     a stateful operator's columns cannot change on the same checkpoint",
+                    meta_dir.describe(file)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What an operator did in the current batch, for its progress entry.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OperatorMetrics {
+    name: &'static str,
+    updated: u64,
+    removed: u64,
+    dropped_late: u64,
+    update_ms: u64,
+    remove_ms: u64,
+}
+
+impl OperatorMetrics {
+    fn new(name: &'static str) -> Self {
+        OperatorMetrics {
+            name,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum DedupeMode {
+    /// `drop_duplicates`: state keyed by the keys (evicted by the watermark only if the
+    /// event-time column is a key).
+    Plain,
+    /// `drop_duplicates_within_watermark`: each key until event time + delay.
+    WithinWatermark,
+}
+
+impl DedupeMode {
+    fn key(self) -> &'static str {
+        match self {
+            DedupeMode::Plain => "transform.drop-duplicates",
+            DedupeMode::WithinWatermark => "transform.drop-duplicates-within-watermark",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            DedupeMode::Plain => "dedupe",
+            DedupeMode::WithinWatermark => "dedupeWithinWatermark",
+        }
+    }
+}
+
+/// One `drop_duplicates` or `drop_duplicates_within_watermark` of a query.
+pub(crate) struct Dedupe {
+    op: OperatorState,
+    keys: Vec<String>,
+    mode: DedupeMode,
+    metrics: OperatorMetrics,
+}
+
+impl Dedupe {
+    fn new(op: OperatorState, keys: Vec<String>, mode: DedupeMode) -> Self {
+        Dedupe {
+            op,
+            keys,
+            mode,
+            metrics: OperatorMetrics::new(mode.name()),
+        }
+    }
+
+    /// The rows of `df` whose keys were not seen before (batch `batch_id`).
+    async fn apply(
+        &mut self,
+        ctx: &SessionContext,
+        df: DataFrame,
+        batch_id: u64,
+        event: Option<&EventTime>,
+    ) -> Result<DataFrame> {
+        let key = self.mode.key();
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let columns = key_columns(&schema, &self.keys, key)?;
+        let families = key_families(&schema, &columns, key)?;
+        let keys_json = serde_json::to_string(
+            &self
+                .keys
+                .iter()
+                .zip(&families)
+                .map(|(k, f)| serde_json::json!({"name": k, "type": f}))
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| Error::Internal {
+            what: format!("encoding the key columns: {e}"),
+        })?;
+        self.op
+            .prepare(batch_id, self.mode.name(), "keys", keys_json, key)
+            .await?;
+        let event = match event {
+            Some(e) => e.index_in(&schema)?.map(|i| (e, i)),
+            None => None,
+        };
+        if self.mode == DedupeMode::WithinWatermark && event.is_none() {
+            return Err(Error::config(
+                key,
+                "drop_duplicates_within_watermark needs a watermark: put with_watermark \
+                 (`transform.with-watermark`) before it, on a column that reaches it",
+            ));
+        }
+        // The event time is kept with a key if it can evict it.
+        let keep_time = match (self.mode, event) {
+            (DedupeMode::WithinWatermark, _) => true,
+            (DedupeMode::Plain, Some((_, i))) => columns.contains(&i),
+            (DedupeMode::Plain, None) => false,
+        };
+        let delay_us = event.map_or(0, |(e, _)| e.delay_ms.saturating_mul(1000));
+        let batches = collect_in_order(df, batch_id, key).await?;
+        let started = Instant::now();
+        self.metrics = OperatorMetrics::new(self.mode.name());
+        let mut kept = Vec::with_capacity(batches.len());
+        let mut enc = Vec::new();
+        for batch in batches {
+            let cols: Vec<&ArrayRef> = columns.iter().map(|i| batch.column(*i)).collect();
+            let times = match event {
+                Some((_, i)) => Some(watermark::micros(batch.column(i))?),
+                None => None,
+            };
+            let mut mask = Vec::with_capacity(batch.num_rows());
+            for row in 0..batch.num_rows() {
+                let time = times.as_ref().and_then(|t| t[row]);
+                if let (Some((e, _)), Some(t)) = (event, time)
+                    && e.passed(t)
+                {
+                    self.metrics.dropped_late += 1;
+                    mask.push(false);
+                    continue;
+                }
+                enc.clear();
+                for c in &cols {
+                    encode_value(&mut enc, c, row);
+                }
+                let new = self.op.store.get(&enc).is_none();
+                if new {
+                    let value = match (keep_time, self.mode, time) {
+                        (false, _, _) | (true, DedupeMode::Plain, None) => Vec::new(),
+                        (true, DedupeMode::Plain, Some(t)) => t.to_le_bytes().to_vec(),
+                        // Spark reads a NULL event time as 0 here.
+                        (true, DedupeMode::WithinWatermark, t) => t
+                            .unwrap_or(0)
+                            .saturating_add(delay_us)
+                            .to_le_bytes()
+                            .to_vec(),
+                    };
+                    self.op.store.put(enc.clone(), value);
+                    self.metrics.updated += 1;
+                }
+                mask.push(new);
+            }
+            let filtered = filter_record_batch(&batch, &BooleanArray::from(mask))
+                .map_err(|e| Error::datafusion(key, e.into()))?;
+            if filtered.num_rows() > 0 {
+                kept.push(filtered);
+            }
+        }
+        self.metrics.update_ms = started.elapsed().as_millis() as u64;
+        if let (Some((e, _)), true) = (event, keep_time) {
+            // Evict what the batch's watermark passed (the time, or the expiry, kept with
+            // the key; keys kept without a time stay).
+            let started = Instant::now();
+            let gone: Vec<Vec<u8>> = self
+                .op
+                .store
+                .iter()
+                .filter(|(_, v)| {
+                    <[u8; 8]>::try_from(*v).is_ok_and(|b| e.passed(i64::from_le_bytes(b)))
+                })
+                .map(|(k, _)| k.to_vec())
+                .collect();
+            self.metrics.removed = gone.len() as u64;
+            for k in gone {
+                self.op.store.remove(k);
+            }
+            self.metrics.remove_ms = started.elapsed().as_millis() as u64;
+        }
+        let table = MemTable::try_new(schema, vec![kept]).map_err(|e| Error::datafusion(key, e))?;
+        ctx.read_table(Arc::new(table))
+            .map_err(|e| Error::datafusion(key, e))
+    }
+}
+
+/// The batch's rows, partition by partition in order: the batch holds its files in the
+/// order the source took them, so the first row of a key is the same on every attempt.
+async fn collect_in_order(df: DataFrame, batch_id: u64, key: &str) -> Result<Vec<RecordBatch>> {
+    Ok(df
+        .collect_partitioned()
+        .await
+        .map_err(|e| Error::datafusion(format!("batch {batch_id}: {key}"), e))?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// The [`family`] of each of `columns`; an error naming a column that cannot be a key.
+fn key_families(schema: &Schema, columns: &[usize], key: &str) -> Result<Vec<String>> {
+    columns
+        .iter()
+        .map(|i| {
+            let f = schema.field(*i);
+            family(f.data_type()).ok_or_else(|| {
+                Error::config(
+                    key,
+                    format!(
+                        "column `{}` has type {}, which cannot be a key of a stateful operator",
+                        f.name(),
+                        f.data_type()
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The indexes of `keys` in `schema`; an error naming the first key it lacks.
+fn key_columns(schema: &Schema, keys: &[String], key: &str) -> Result<Vec<usize>> {
+    if keys.is_empty() {
+        return Err(Error::config(key, "no key column given"));
+    }
+    keys.iter()
+        .map(|k| {
+            schema.index_of(k).map_err(|_| {
+                let columns: Vec<&str> =
+                    schema.fields().iter().map(|f| f.name().as_str()).collect();
+                Error::config(
+                    key,
+                    format!("no column `{k}`; the columns are {}", columns.join(", ")),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Checks, before the query starts, what can be checked without data: one watermark at
+/// most, aggregates that parse, and the columns of the steps that see the source's columns
+/// (those before any SQL, DataFrame or aggregation step): a typo is refused before anything
+/// runs, not at the first batch that brings data.
+pub(crate) fn check_at_start(source: &Schema, transforms: &[Transform]) -> Result<()> {
+    let watermarks = transforms
+        .iter()
+        .filter(|t| matches!(t, Transform::Watermark { .. }))
+        .count();
+    if watermarks > 1 {
+        return Err(Error::config(
+            watermark::KEY,
+            format!(
+                "the query has {watermarks} watermarks; a weir query reads one source and takes one"
+            ),
+        ));
+    }
+    for t in transforms {
+        if let Transform::Aggregate(a) = t {
+            a.validate()?;
+        }
+    }
+    for t in transforms {
+        match t {
+            Transform::DropDuplicates(keys) => {
+                key_columns(source, keys, DedupeMode::Plain.key())?;
+            }
+            Transform::DropDuplicatesWithinWatermark(keys) => {
+                key_columns(source, keys, DedupeMode::WithinWatermark.key())?;
+            }
+            Transform::Watermark { column, .. } => {
+                let i = key_columns(source, std::slice::from_ref(column), watermark::KEY)?[0];
+                watermark::check_type(column, source.field(i).data_type())?;
+            }
+            Transform::Aggregate(a) => {
+                a.check_columns(source)?;
+                break;
+            }
+            Transform::Sql(_) | Transform::Fn(_) => break,
+        }
+    }
+    Ok(())
+}
