@@ -17,8 +17,12 @@
 //! format = "json"
 //! schema = ["order_id bigint", "status string", "amount double", "updated_at timestamp"]
 //!
-//! [transform]
-//! drop-duplicates = ["order_id"]     # streaming dedupe (state in the checkpoint), then:
+//! [transform]                        # applied in this order, each optional:
+//! with-watermark = { column = "updated_at", delay = "10 minutes" }
+//! drop-duplicates = ["order_id"]     # streaming dedupe (state in the checkpoint)
+//! # drop-duplicates-within-watermark = ["order_id"]
+//! # aggregate = { group-by = ["status"], window = { column = "updated_at", size = "5m" },
+//! #               aggregates = ["count(*) AS n"], output-mode = "append" }
 //! sql = "SELECT * FROM batch WHERE amount > 0"
 //!
 //! [[sink]]
@@ -77,11 +81,73 @@ pub struct QueryConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct TransformConfig {
-    /// Streaming deduplication on these columns (Spark's `dropDuplicates`), before `sql`.
+    /// Spark's `withWatermark`, first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub with_watermark: Option<WatermarkConfig>,
+    /// Streaming deduplication on these columns (Spark's `dropDuplicates`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drop_duplicates: Option<Vec<String>>,
+    /// Spark's `dropDuplicatesWithinWatermark` on these columns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_duplicates_within_watermark: Option<Vec<String>>,
+    /// A streaming aggregation, after the deduplication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<AggregateConfig>,
+    /// SQL over the batch (after the steps above), which it sees as the view `batch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sql: Option<String>,
+}
+
+/// `with-watermark = { column = "ts", delay = "10 minutes" }`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct WatermarkConfig {
+    pub column: String,
+    pub delay: DurationText,
+}
+
+/// `[transform.aggregate]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AggregateConfig {
+    #[serde(default)]
+    pub group_by: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowConfig>,
+    /// `count(*)`, `count(col)`, `sum(col)`, `min(col)`, `max(col)`, `avg(col)` [`AS name`].
+    pub aggregates: Vec<String>,
+    /// `append` (default), `update` or `complete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_mode: Option<String>,
+}
+
+/// `window = { column = "ts", size = "10 minutes", slide = "5 minutes" }` (no slide:
+/// tumbling).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct WindowConfig {
+    pub column: String,
+    pub size: DurationText,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slide: Option<DurationText>,
+}
+
+impl AggregateConfig {
+    fn aggregation(&self) -> Result<weir_core::Aggregation> {
+        let mut a =
+            weir_core::Aggregation::new(self.aggregates.clone()).group_by(self.group_by.clone());
+        if let Some(w) = &self.window {
+            a = a.sliding_window(
+                w.column.clone(),
+                w.size.0,
+                w.slide.as_ref().map_or(w.size.0, |s| s.0),
+            );
+        }
+        if let Some(m) = &self.output_mode {
+            a = a.output_mode(m.parse()?);
+        }
+        Ok(a)
+    }
 }
 
 /// Deserializes a `type = ...` table into the variant's own config type. serde's derive for
@@ -229,16 +295,26 @@ impl Pipeline {
     /// Checks the values serde cannot, without reading or writing anything.
     pub fn check(&self) -> Result<()> {
         self.trigger()?;
-        if let Some(keys) = self
-            .transform
-            .as_ref()
-            .and_then(|t| t.drop_duplicates.as_ref())
-            && (keys.is_empty() || keys.iter().any(|k| k.is_empty()))
-        {
-            anyhow::bail!(
-                "invalid setting 'transform.drop-duplicates': give the key columns by name \
-                 (an empty list or an empty name cannot be a key)"
-            );
+        if let Some(t) = &self.transform {
+            for (name, keys) in [
+                ("drop-duplicates", &t.drop_duplicates),
+                (
+                    "drop-duplicates-within-watermark",
+                    &t.drop_duplicates_within_watermark,
+                ),
+            ] {
+                if let Some(keys) = keys
+                    && (keys.is_empty() || keys.iter().any(|k| k.is_empty()))
+                {
+                    anyhow::bail!(
+                        "invalid setting 'transform.{name}': give the key columns by name \
+                         (an empty list or an empty name cannot be a key)"
+                    );
+                }
+            }
+            if let Some(a) = &t.aggregate {
+                a.aggregation()?.check()?;
+            }
         }
         let env = self.env()?;
         env.location("query.checkpoint", &self.query.checkpoint)?;
@@ -320,8 +396,17 @@ impl Pipeline {
             .await?
             .with_read_limit(spec.read_limit()?);
         if let Some(t) = &self.transform {
+            if let Some(w) = &t.with_watermark {
+                frame = frame.with_watermark(w.column.clone(), w.delay.0);
+            }
             if let Some(keys) = &t.drop_duplicates {
                 frame = frame.drop_duplicates(keys.clone());
+            }
+            if let Some(keys) = &t.drop_duplicates_within_watermark {
+                frame = frame.drop_duplicates_within_watermark(keys.clone());
+            }
+            if let Some(a) = &t.aggregate {
+                frame = frame.aggregate(a.aggregation()?);
             }
             if let Some(sql) = &t.sql {
                 frame = frame.sql(sql.clone());

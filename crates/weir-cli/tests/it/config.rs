@@ -1,6 +1,6 @@
 //! Bad pipelines, `weir checkpoint show`, the demo, and the README's examples.
 
-use weir_testkit::{run_weir, temp_dir};
+use weir_testkit::{rows, run_weir, temp_dir};
 
 use crate::{bin, gen_orders, pipeline};
 
@@ -24,7 +24,7 @@ fn bad_pipelines_are_refused_naming_the_key() {
         ),
         (
             "[[sink]]\ntype = \"delta-append\"\npath = \"t\"\ndeleted-file-retention = \"1 week\"\n",
-            "'1 week' is not a duration such as 500ms, 30s, 5m, 2h or 7d\nin `deleted-file-retention`",
+            "'1 week' is not a duration such as 500ms, 30s, 5m, 2h, 7d or 10 minutes\nin `deleted-file-retention`",
         ),
         (
             "[[sink]]\ntype = \"postgres-upsert\"\nurl = \"host=x\"\ntable = \"t\"\nkeys = \"id\"\n",
@@ -214,4 +214,102 @@ fn the_binary_tunes_glibc_malloc_unless_the_user_did() {
         theirs.contains("glibc malloc tunables set in the environment: kept"),
         "{theirs}"
     );
+}
+
+/// The README's stateful pipeline runs as written on `weir gen` input: every window it
+/// wrote is one minute long, on a minute boundary, closed by the final watermark, once per
+/// status, and counts no more rows than came in.
+#[tokio::test]
+async fn the_readme_stateful_pipeline_runs_as_written() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let block = readme
+        .split("<!-- stateful-pipeline: tests run this block as written -->\n```toml\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let dir = temp_dir();
+    let p = dir.path().join("stateful.toml");
+    std::fs::write(&p, block).unwrap();
+    let out = run_weir(
+        &bin(),
+        &[
+            "gen",
+            "--dir",
+            dir.path().join("in").to_str().unwrap(),
+            "--files",
+            "20",
+        ],
+        None,
+    );
+    assert!(out.status.success());
+    let prog = dir.path().join("progress.jsonl");
+    let out = run_weir(
+        &bin(),
+        &[
+            "run",
+            p.to_str().unwrap(),
+            "--progress",
+            prog.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&prog).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last["numInputRows"], 0,
+        "it ends with a no-data batch: {last}"
+    );
+    let watermark =
+        chrono::DateTime::parse_from_rfc3339(last["eventTime"]["watermark"].as_str().unwrap())
+            .unwrap()
+            .timestamp_micros();
+    let ctx = weir_core::datafusion::prelude::SessionContext::new();
+    let table = weir_delta::read_table(&ctx, &dir.path().join("orders_per_minute").into())
+        .await
+        .unwrap();
+    let got = rows(
+        table
+            .select(vec![
+                weir_core::datafusion::prelude::col("status"),
+                weir_core::datafusion::prelude::cast(
+                    weir_core::datafusion::prelude::col("window_start"),
+                    weir_core::datafusion::arrow::datatypes::DataType::Int64,
+                ),
+                weir_core::datafusion::prelude::cast(
+                    weir_core::datafusion::prelude::col("window_end"),
+                    weir_core::datafusion::arrow::datatypes::DataType::Int64,
+                ),
+                weir_core::datafusion::prelude::col("orders"),
+            ])
+            .unwrap(),
+    )
+    .await;
+    assert!(got.len() > 20, "{got:?}");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut counted = 0;
+    for r in &got {
+        let f: Vec<&str> = r.split('|').collect();
+        let (start, end, n): (i64, i64, i64) = (
+            f[1].parse().unwrap(),
+            f[2].parse().unwrap(),
+            f[3].parse().unwrap(),
+        );
+        assert_eq!(end - start, 60_000_000, "{r}");
+        assert_eq!(start % 60_000_000, 0, "{r}");
+        assert!(
+            end <= watermark,
+            "{r}: written before the watermark passed its end"
+        );
+        assert!(seen.insert((f[0].to_string(), start)), "{r} twice");
+        counted += n;
+    }
+    assert!(counted > 0 && counted <= 20_000, "{counted}");
 }
