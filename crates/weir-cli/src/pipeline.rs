@@ -98,6 +98,15 @@ pub struct TransformConfig {
     pub sql: Option<String>,
 }
 
+impl TransformConfig {
+    /// Whether any step keeps state in the checkpoint.
+    pub fn is_stateful(&self) -> bool {
+        self.drop_duplicates.is_some()
+            || self.drop_duplicates_within_watermark.is_some()
+            || self.aggregate.is_some()
+    }
+}
+
 /// `with-watermark = { column = "ts", delay = "10 minutes" }`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]

@@ -22,6 +22,7 @@
 mod input;
 mod power;
 mod retarget;
+mod stateful;
 mod supervise;
 mod verify;
 
@@ -35,7 +36,7 @@ use serde::Serialize;
 use serde_json::Value;
 use weir_core::checkpoint::{Checkpoint, StartPoint};
 use weir_core::connector::{Feed, QueryIdentity, Verdict};
-use weir_core::fault::RUNNER_POINTS;
+use weir_core::fault::{RUNNER_POINTS, STATE_POINTS};
 use weir_core::storage::{Location, StorageOptions};
 
 use crate::generate::SplitMix;
@@ -149,7 +150,12 @@ pub fn points(p: &Pipeline) -> Vec<&'static str> {
     for s in &p.sinks {
         out.extend(s.spec().fault_points());
     }
-    out.extend(&RUNNER_POINTS[2..]);
+    // after-user-fn, then the state commit, then the commit log.
+    out.extend(&RUNNER_POINTS[2..3]);
+    if p.transform.as_ref().is_some_and(|t| t.is_stateful()) {
+        out.extend(STATE_POINTS);
+    }
+    out.extend(&RUNNER_POINTS[3..]);
     let mut seen = std::collections::HashSet::new();
     out.retain(|p| seen.insert(*p));
     out
@@ -272,6 +278,15 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
         },
     )
     .with_context(|| origin.clone())?;
+    let stateful_plan = stateful::plan(&pipeline).with_context(|| origin.clone())?;
+    if stateful_plan.is_some() {
+        if args.retain.is_some() {
+            bail!(
+                "{origin}: --retain cannot be used with a stateful pipeline: the check replays every batch from offsets/"
+            );
+        }
+        pipeline.query.min_batches_to_retain = Some(1_000_000);
+    }
     if args.store.is_some() && pipeline.query.lease_ttl.is_none() {
         // Restarts after a kill wait for the dead run's lease: keep it short.
         pipeline.query.lease_ttl = Some(weir_core::connector::DurationText(Duration::from_secs(2)));
@@ -443,7 +458,24 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
         .ok_or_else(|| anyhow!("no checkpoint at {checkpoint} after the runs"))?;
     let query = QueryIdentity::of(&cp, &pipeline.query.name);
     let mut verdict = Verdict::default();
-    verdict.merge(verify::check_sinks(&pipeline, &input, &query, committed).await?);
+    match &stateful_plan {
+        None => {
+            let schema = crate::generate::orders_schema();
+            let all = input.rows()?;
+            verdict.merge(verify::check_sinks(&pipeline, &schema, &all, &query, committed).await?);
+        }
+        Some(plan) => {
+            let r = stateful::reference(plan, &input, &cp, committed, &mut verdict).await?;
+            verdict.notes.push(format!(
+                "stateful: every batch replayed from the checkpoint under the watermark rules: {} output rows",
+                r.rows.iter().map(|b| b.num_rows()).sum::<usize>()
+            ));
+            verdict.merge(
+                verify::check_sinks(&pipeline, &r.schema, &r.rows, &query, committed).await?,
+            );
+            stateful::check_state_sizes(&r, &progress, committed, &mut verdict);
+        }
+    }
     verdict.merge(verify::check_source(&pipeline, &input, &cp, committed, &progress).await?);
     s.rows_checked = verdict.rows;
     s.checked = verdict.notes;

@@ -37,7 +37,9 @@ pub fn retarget(p: &mut Pipeline, t: &Target<'_>) -> Result<()> {
         p.query.min_batches_to_retain = Some(r);
     }
     p.source.spec_mut().relocate(&t.feed, t.batch_rows)?;
-    let transform = p.transform.is_some();
+    // After SQL no reference exists for an append sink; after stateful steps alone, the
+    // chaos check computes what they pass on.
+    let transform = p.transform.as_ref().is_some_and(|t| t.sql.is_some());
     for (i, s) in p.sinks.iter_mut().enumerate() {
         let kind = s.spec().kind();
         if transform && s.spec().shape() == SinkShape::Append {

@@ -11,19 +11,20 @@ use weir_core::connector::{QueryIdentity, SinkShape, Verdict, compare_append, co
 use weir_core::source::file::taken_files;
 
 use super::input::Input;
-use crate::generate::orders_schema;
 use crate::pipeline::{Pipeline, SourceConfig};
+use weir_core::datafusion::arrow::datatypes::SchemaRef;
+use weir_core::datafusion::arrow::record_batch::RecordBatch;
 
-/// Every sink's rows against the input, and its bookkeeping for `committed` batches.
+/// Every sink's rows against `all` (the input, or what the stateful steps passed on), and
+/// its bookkeeping for `committed` batches.
 pub async fn check_sinks(
     p: &Pipeline,
-    input: &Input,
+    schema: &SchemaRef,
+    all: &[RecordBatch],
     query: &QueryIdentity,
     committed: u64,
 ) -> Result<Verdict> {
     let env = p.env()?;
-    let schema = orders_schema();
-    let all = input.rows()?;
     let mut v = Verdict::default();
     for s in &p.sinks {
         let spec = s.spec();
@@ -31,12 +32,12 @@ pub async fn check_sinks(
             continue;
         };
         let what = spec.label(&env);
-        let got = reader.rows(&schema).await?;
+        let got = reader.rows(schema).await?;
         match spec.shape() {
-            SinkShape::Append => v.merge(compare_append(&what, &got, &all, &schema)?),
-            SinkShape::Upsert { keys, ordering } => v.merge(compare_upsert(
-                &what, &got, &all, &schema, &keys, &ordering,
-            )?),
+            SinkShape::Append => v.merge(compare_append(&what, &got, all, schema)?),
+            SinkShape::Upsert { keys, ordering } => {
+                v.merge(compare_upsert(&what, &got, all, schema, &keys, &ordering)?)
+            }
             SinkShape::Unchecked => {}
         }
         v.merge(reader.check_bookkeeping(query, committed).await?);

@@ -169,20 +169,19 @@ fn the_readme_pipelines_pass_weir_check() {
         n += 1;
     }
     assert!(n >= 2, "{n} pipelines");
-    let example = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/orders_upsert.toml"
-    );
-    let out = std::process::Command::new(bin())
-        .args(["check", example])
-        .env("DATABASE_URL", "host=localhost user=postgres")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for example in ["orders_upsert.toml", "orders_windowed.toml"] {
+        let path = format!("{}/../../examples/{example}", env!("CARGO_MANIFEST_DIR"));
+        let out = std::process::Command::new(bin())
+            .args(["check", &path])
+            .env("DATABASE_URL", "host=localhost user=postgres")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{example}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// The binary tunes glibc's malloc at start-up (fragmentation over millions of batches)
