@@ -194,6 +194,7 @@ pub async fn reference(
         );
     }
     let mut watermark_ms: i64 = 0;
+    let mut prev_watermark_ms: i64 = 0;
     let mut prev_end: Option<u64> = None;
     // Dedupe state: key -> kept time (expiry, or event time) in µs.
     let mut seen: HashMap<Vec<String>, Option<i64>> = HashMap::new();
@@ -216,7 +217,10 @@ pub async fn reference(
             ));
             watermark_ms = seq.metadata.batch_watermark_ms;
         }
+        // Late by the batch before's watermark (Spark since 3.4); evicted by the batch's own.
         let w_us = watermark_ms.saturating_mul(1000);
+        let late_us = prev_watermark_ms.saturating_mul(1000);
+        prev_watermark_ms = watermark_ms;
         let from = prev_end.map_or(0, |e| e + 1);
         prev_end = Some(end);
         let mut rows: Vec<(RecordBatch, usize)> = Vec::new();
@@ -241,7 +245,7 @@ pub async fn reference(
             if let Some(t) = t {
                 max_event = Some(max_event.map_or(t, |m: i64| m.max(t)));
             }
-            let late = t.is_some_and(|t| t <= w_us);
+            let late = t.is_some_and(|t| t <= late_us);
             if let Some((keys, within)) = &plan.dedupe {
                 if late {
                     continue;
@@ -280,7 +284,7 @@ pub async fn reference(
                             let mut s = t - t.rem_euclid(slide);
                             let mut v = Vec::new();
                             while s > t - size {
-                                if s + size > w_us {
+                                if s + size > late_us {
                                     v.push(s);
                                 }
                                 s -= slide;
@@ -288,7 +292,7 @@ pub async fn reference(
                             v
                         }
                         (None, t) => {
-                            if t.is_some_and(|t| t <= w_us) {
+                            if t.is_some_and(|t| t <= late_us) {
                                 continue;
                             }
                             vec![0]

@@ -355,7 +355,8 @@ impl StreamingDataFrame {
     /// timestamp column `column`. After each batch the watermark becomes the latest event
     /// time seen minus `delay` (it never goes back; 0 before the first batch), recorded in
     /// `offsets/N` (`batchWatermarkMs`) and `commits/N` (`nextBatchWatermarkMs`); the
-    /// stateful steps after this one drop rows at or below it and evict what it passed;
+    /// stateful steps after this one drop rows at or below the previous batch's watermark
+    /// (Spark since 3.4) and evict what the batch's own watermark passed;
     /// when it moves and no data comes, a batch without data runs so windows close.
     /// One per query.
     pub fn with_watermark(mut self, column: impl Into<String>, delay: std::time::Duration) -> Self {

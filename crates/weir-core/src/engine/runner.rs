@@ -177,12 +177,13 @@ impl Runner {
     async fn run(mut self) -> Result<()> {
         let origin = Instant::now();
         let path_of = |id: u64, cp: &Checkpoint| cp.offsets_name(id);
-        // The watermark the next new batch runs with, and the one the last batch ran with.
+        // The watermark the next new batch runs with, and the one the last batch ran with
+        // (which the next batch filters late rows with, as Spark does since 3.4).
         let (mut watermark_ms, mut last_watermark_ms) = match &self.spec.start {
             StartPoint::Fresh => (0, 0),
-            StartPoint::Replay { batch, .. } => (
+            StartPoint::Replay { batch, start, .. } => (
                 batch.metadata.batch_watermark_ms,
-                batch.metadata.batch_watermark_ms,
+                start.as_ref().map_or(0, |s| s.metadata.batch_watermark_ms),
             ),
             StartPoint::Next {
                 previous, commit, ..
@@ -330,7 +331,7 @@ impl Runner {
             idle_reported = false;
             let id = planned.id;
             let (rows, metrics, state_operators, next_watermark) = self
-                .run_batch(&planned, start.as_ref(), &mut durations)
+                .run_batch(&planned, start.as_ref(), last_watermark_ms, &mut durations)
                 .instrument(self.batch_span(id))
                 .await?;
             last_watermark_ms = planned.metadata.batch_watermark_ms;
@@ -480,6 +481,7 @@ impl Runner {
         &self,
         p: &Planned,
         start: Option<&SourceOffset>,
+        late_watermark_ms: i64,
         durations: &mut BTreeMap<String, u64>,
     ) -> Result<(u64, Arc<SinkMetrics>, Vec<serde_json::Value>, i64)> {
         let id = p.id;
@@ -503,6 +505,7 @@ impl Runner {
             column: column.clone(),
             delay_ms: *delay_ms,
             watermark_ms: p.metadata.batch_watermark_ms,
+            late_ms: late_watermark_ms,
         });
         let df = self
             .transform(table, id, event.as_ref())

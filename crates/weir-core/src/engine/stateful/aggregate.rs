@@ -14,8 +14,8 @@
 //! - `complete`: every group, every batch; nothing leaves the state.
 //!
 //! With a watermark on the window's column, a row is not counted in a window that ends at
-//! or below the batch's watermark (`numRowsDroppedByWatermark`); without a window, a row
-//! at or below the watermark is dropped. Output columns: the group columns, then
+//! or below the previous batch's watermark (`numRowsDroppedByWatermark`); without a window,
+//! a row at or below it is dropped. Output columns: the group columns, then
 //! `window_start` and `window_end` (timestamps in microseconds) when there is a window,
 //! then one column per aggregate, named by its alias.
 
@@ -478,7 +478,7 @@ impl Aggregate {
                     let mut start = t - t.rem_euclid(*slide);
                     while start > t - size {
                         let end = start + size;
-                        if windowed_watermark.is_some_and(|e| e.passed(end)) {
+                        if windowed_watermark.is_some_and(|e| e.late(end)) {
                             self.metrics.dropped_late += 1;
                         } else {
                             rows.push(row as u32);
@@ -489,7 +489,7 @@ impl Aggregate {
                 }
                 (None, t) => {
                     if let (Some((e, _)), Some(t)) = (event, t)
-                        && e.passed(t)
+                        && e.late(t)
                     {
                         self.metrics.dropped_late += 1;
                         continue;

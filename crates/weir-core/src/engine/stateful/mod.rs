@@ -8,8 +8,8 @@
 //!
 //! - `drop_duplicates(keys)` passes a row only if no row with the same key values came
 //!   before it, in this batch or any earlier one (Spark's `dropDuplicates`). Without a
-//!   watermark its state grows with the number of distinct keys; with one, rows at or below
-//!   the watermark are dropped, and if the event-time column is one of the keys a key is
+//!   watermark its state grows with the number of distinct keys; with one, late rows (at
+//!   or below the previous batch's watermark) are dropped, and if the event-time column is one of the keys a key is
 //!   evicted once the watermark passes its event time.
 //! - `drop_duplicates_within_watermark(keys)` (Spark 3.5's `dropDuplicatesWithinWatermark`)
 //!   keeps a key until the watermark passes its first row's event time plus the delay: a
@@ -347,7 +347,7 @@ impl Dedupe {
             for row in 0..batch.num_rows() {
                 let time = times.as_ref().and_then(|t| t[row]);
                 if let (Some((e, _)), Some(t)) = (event, time)
-                    && e.passed(t)
+                    && e.late(t)
                 {
                     self.metrics.dropped_late += 1;
                     mask.push(false);

@@ -5,8 +5,9 @@
 //! delay)`: it only moves forward, and the first batch has 0. Batch N runs with the
 //! watermark recorded in `offsets/N` (`batchWatermarkMs`); `commits/N` records the next one
 //! (`nextBatchWatermarkMs`), so a replay sees the watermark its first attempt saw and a
-//! restart continues from the committed one. Stateful operators after the step drop rows
-//! at or below the watermark (`event time <= watermark`) and evict what it passed.
+//! restart continues from the committed one. As in Spark since 3.4, stateful operators
+//! drop as late the rows at or below the watermark of the batch before (`event time <=
+//! previous batch's watermark`), and evict (or, in append mode, emit) by the batch's own.
 
 use std::collections::BTreeMap;
 
@@ -27,19 +28,22 @@ pub(crate) struct EventTime {
     /// The event-time column (a timestamp).
     pub column: String,
     pub delay_ms: i64,
-    /// The batch's watermark (`batchWatermarkMs`).
+    /// The batch's watermark (`batchWatermarkMs`): what state is evicted by.
     pub watermark_ms: i64,
+    /// The watermark of the batch before (0 for the first): what rows are late by.
+    pub late_ms: i64,
 }
 
 impl EventTime {
-    /// Whether an event at `micros` is at or below the watermark (Spark's late rows, and
-    /// its eviction rule for state keyed by event time).
+    /// Whether the batch's watermark passed `micros` (Spark's eviction rule: at or below).
     pub(crate) fn passed(&self, micros: i64) -> bool {
-        micros <= self.watermark_us()
+        micros <= self.watermark_ms.saturating_mul(1000)
     }
 
-    pub(crate) fn watermark_us(&self) -> i64 {
-        self.watermark_ms.saturating_mul(1000)
+    /// Whether a row at `micros` (or a window ending there) is late: at or below the
+    /// previous batch's watermark.
+    pub(crate) fn late(&self, micros: i64) -> bool {
+        micros <= self.late_ms.saturating_mul(1000)
     }
 
     /// The event-time column's index in `schema`, or `None` if a transform dropped it.
@@ -171,8 +175,10 @@ mod tests {
             column: "ts".into(),
             delay_ms: 0,
             watermark_ms: 4,
+            late_ms: 2,
         };
         assert!(e.passed(4000) && !e.passed(4001));
+        assert!(e.late(2000) && !e.late(2001));
         assert!(
             check_type("n", &DataType::Int64)
                 .unwrap_err()
