@@ -219,7 +219,11 @@ pub async fn reference(
         }
         // Late by the batch before's watermark (Spark since 3.4); evicted by the batch's own.
         let w_us = watermark_ms.saturating_mul(1000);
-        let late_us = prev_watermark_ms.saturating_mul(1000);
+        let late_us = match &plan.aggregate {
+            // Complete mode counts every row (Spark).
+            Some(a) if a.mode == Mode::Complete => i64::MIN,
+            _ => prev_watermark_ms.saturating_mul(1000),
+        };
         prev_watermark_ms = watermark_ms;
         let from = prev_end.map_or(0, |e| e + 1);
         prev_end = Some(end);
@@ -332,11 +336,20 @@ pub async fn reference(
                     }
                 }
                 let size = a.window.map_or(0, |w| w.0);
-                let closed = |s: i64| a.window.is_some() && s + size <= w_us;
+                // Closed by the window's end, or by the event-time group column's value.
+                let by_group = a.groups.iter().position(|c| *c == plan.event);
+                let closed = |g: &(Vec<Key>, i64)| match (a.window, by_group) {
+                    (Some(_), _) => g.1 + size <= w_us,
+                    (None, Some(pos)) => match &g.0[pos].0 {
+                        ScalarValue::TimestampMicrosecond(Some(t), _) => *t <= w_us,
+                        _ => false,
+                    },
+                    (None, None) => false,
+                };
                 let emit: Vec<(Vec<Key>, i64)> = match a.mode {
                     Mode::Complete => groups.keys().cloned().collect(),
                     Mode::Update => touched.into_iter().collect(),
-                    Mode::Append => groups.keys().filter(|g| closed(g.1)).cloned().collect(),
+                    Mode::Append => groups.keys().filter(|g| closed(g)).cloned().collect(),
                 };
                 for g in &emit {
                     let mut row: Vec<ScalarValue> = g.0.iter().map(|k| k.0.clone()).collect();
@@ -354,7 +367,7 @@ pub async fn reference(
                     out_rows.push(row);
                 }
                 if a.mode != Mode::Complete {
-                    groups.retain(|g, _| !closed(g.1));
+                    groups.retain(|g, _| !closed(g));
                 }
             }
         }

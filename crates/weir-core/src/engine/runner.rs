@@ -95,6 +95,7 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
                 ));
             }
         }
+        super::stateful::check_no_operator_removed(&root, stateful.len()).await?;
         Runner {
             spec,
             shared: task_shared,
@@ -270,7 +271,7 @@ impl Runner {
                     None if self.spec.trigger != Trigger::Once
                         && watermark_ms > last_watermark_ms
                         && self.watermark.is_some()
-                        && !self.stateful.lock().await.is_empty()
+                        && self.stateful.lock().await.iter().any(Operator::evicts)
                         && let Some(s) = &start =>
                     {
                         self.plan_no_data(next_id, s, watermark_ms, &mut durations)

@@ -207,7 +207,11 @@ fn agg_row(
 
 /// The reference: batch by batch, the rows each output mode gives.
 fn reference_agg(data: &[Vec<Row>], mode: OutputMode) -> (Vec<Vec<String>>, usize) {
-    let wms = watermarks(data);
+    let mut wms = watermarks(data);
+    if mode == OutputMode::Complete {
+        // No batch without data: nothing would change.
+        wms.truncate(data.len());
+    }
     // (key, window start) -> values of the rows counted in it.
     let mut groups: BTreeMap<(Option<String>, i64), Vec<Option<i64>>> = BTreeMap::new();
     let mut emitted: BTreeSet<(Option<String>, i64)> = BTreeSet::new();
@@ -227,7 +231,12 @@ fn reference_agg(data: &[Vec<Row>], mode: OutputMode) -> (Vec<Vec<String>>, usiz
     };
     for (i, w) in wms.iter().enumerate() {
         // Late by the batch before's watermark; closed and evicted by the batch's own.
-        let late = if i == 0 { 0 } else { wms[i - 1] };
+        let late = match (i, mode) {
+            // Complete mode counts every row.
+            (_, OutputMode::Complete) => i64::MIN,
+            (0, _) => 0,
+            _ => wms[i - 1],
+        };
         let mut touched = BTreeSet::new();
         for (k, v, ts) in data.get(i).map(Vec::as_slice).unwrap_or(&[]) {
             let Some(t) = ts else { continue };
@@ -312,6 +321,10 @@ async fn windowed_aggregation_equals_a_recomputation_in_every_output_mode() {
             "{mode:?}: the input gives rows"
         );
         assert_eq!(state_total(&q) as usize, state, "{mode:?}");
+        if mode == OutputMode::Complete {
+            assert_eq!(got.len(), 9, "no batch without data in complete mode");
+            continue;
+        }
         let last = q.last_progress().unwrap();
         assert_eq!(
             last.num_input_rows, 0,
@@ -539,10 +552,50 @@ async fn stateful_settings_are_refused_before_anything_runs() {
         err.contains("transform.aggregate") && err.contains("median"),
         "{err}"
     );
-    let err = start(|f| f.aggregate(Aggregation::new(["sum(k)"]).group_by(["v"]))).await;
-    assert!(err.contains("`k`"), "{err}");
-    let err = start(|f| f.aggregate(Aggregation::new(["count(*)"]).group_by(["kk"]))).await;
+    let err = start(|f| {
+        f.aggregate(
+            Aggregation::new(["sum(k)"])
+                .group_by(["v"])
+                .output_mode(OutputMode::Update),
+        )
+    })
+    .await;
+    assert!(err.contains("sum(k) cannot take column `k`"), "{err}");
+    let err = start(|f| {
+        f.aggregate(
+            Aggregation::new(["count(*)"])
+                .group_by(["kk"])
+                .output_mode(OutputMode::Update),
+        )
+    })
+    .await;
     assert!(err.contains("no column `kk`"), "{err}");
+    let err = start(|f| {
+        f.aggregate(
+            Aggregation::new(["count(*)"])
+                .group_by(["k", "k"])
+                .output_mode(OutputMode::Update),
+        )
+    })
+    .await;
+    assert!(err.contains("`k` is twice"), "{err}");
+    // Append needs a watermark it can close groups by; dedupe within one needs one.
+    let err = start(|f| f.aggregate(Aggregation::new(["count(*)"]).group_by(["k"]))).await;
+    assert!(
+        err.contains("output mode append needs a watermark"),
+        "{err}"
+    );
+    let err = start(|f| {
+        f.with_watermark("ts", Duration::from_secs(1))
+            .aggregate(Aggregation::new(["count(*)"]).group_by(["k"]))
+    })
+    .await;
+    assert!(
+        err.contains("output mode append needs a watermark"),
+        "{err}"
+    );
+    let err = start(|f| f.drop_duplicates_within_watermark(["k"])).await;
+    assert!(err.contains("needs a watermark"), "{err}");
     assert!(
         !dir.path().join("offsets").exists()
             || std::fs::read_dir(dir.path().join("offsets"))
@@ -571,41 +624,69 @@ async fn the_same_rows_as_spark_4_3_on_a_small_input() {
             .map(|i| k.as_string::<i32>().value(i).to_string())
             .collect()
     };
-    let cases: [(
-        fn(weir_core::StreamingDataFrame) -> weir_core::StreamingDataFrame,
-        &[&[&str]],
-        &[u64],
-        &[u64],
-    ); 3] = [
+    type Build = fn(weir_core::StreamingDataFrame) -> weir_core::StreamingDataFrame;
+    fn wm(f: weir_core::StreamingDataFrame) -> weir_core::StreamingDataFrame {
+        f.with_watermark("ts", Duration::from_secs(10))
+    }
+    fn windowed(mode: OutputMode) -> Aggregation {
+        Aggregation::new(["count(*)"])
+            .group_by(["k"])
+            .window("ts", Duration::from_secs(10))
+            .output_mode(mode)
+    }
+    fn by_time(mode: OutputMode) -> Aggregation {
+        Aggregation::new(["count(*)"])
+            .group_by(["k", "ts"])
+            .output_mode(mode)
+    }
+    // (query, rows of each batch, numRowsTotal, numRowsDroppedByWatermark), as Spark gave.
+    type Case = (
+        Build,
+        &'static [&'static [&'static str]],
+        &'static [u64],
+        &'static [u64],
+    );
+    let cases: [Case; 6] = [
         (
-            |f| {
-                f.with_watermark("ts", Duration::from_secs(10))
-                    .drop_duplicates_within_watermark(["k"])
-            },
+            |f| wm(f).drop_duplicates_within_watermark(["k"]),
             &[&["a", "b"], &["c", "d"], &["e", "g"], &[]],
             &[2, 3, 5, 1],
             &[0, 0, 1, 0],
         ),
         (
-            |f| {
-                f.with_watermark("ts", Duration::from_secs(10))
-                    .drop_duplicates(["k"])
-            },
+            |f| wm(f).drop_duplicates(["k"]),
             &[&["a", "b"], &["c", "d"], &["e", "g"], &[]],
             &[2, 4, 6, 6],
             &[0, 0, 1, 0],
         ),
         (
-            |f| {
-                f.with_watermark("ts", Duration::from_secs(10)).aggregate(
-                    Aggregation::new(["count(*)"])
-                        .group_by(["k"])
-                        .window("ts", Duration::from_secs(10))
-                        .output_mode(OutputMode::Update),
-                )
-            },
+            |f| wm(f).aggregate(windowed(OutputMode::Update)),
             &[&["a", "b"], &["a", "c", "d"], &["e", "g"], &[]],
             &[2, 3, 5, 1],
+            &[0, 0, 1, 0],
+        ),
+        // Complete mode counts late rows, never evicts, runs no batch without data.
+        (
+            |f| wm(f).aggregate(windowed(OutputMode::Complete)),
+            &[
+                &["a", "b"],
+                &["a", "b", "c", "d"],
+                &["a", "b", "c", "d", "e", "f", "g"],
+            ],
+            &[2, 4, 7],
+            &[0, 0, 0],
+        ),
+        // Grouped by the event-time column itself: evicted (and closed) by its value.
+        (
+            |f| wm(f).aggregate(by_time(OutputMode::Update)),
+            &[&["a", "b"], &["a", "c", "d"], &["e", "g"], &[]],
+            &[2, 4, 5, 1],
+            &[0, 0, 1, 0],
+        ),
+        (
+            |f| wm(f).aggregate(by_time(OutputMode::Append)),
+            &[&[], &["d"], &["e"], &["a", "a", "b", "c"]],
+            &[2, 4, 5, 1],
             &[0, 0, 1, 0],
         ),
     ];
@@ -620,7 +701,7 @@ async fn the_same_rows_as_spark_4_3_on_a_small_input() {
             .collect();
         assert_eq!(got, want);
         let p = q.recent_progress();
-        let wm: Vec<String> = p
+        let marks: Vec<String> = p
             .iter()
             .map(|p| p.event_time["watermark"].clone())
             .collect();
@@ -632,15 +713,13 @@ async fn the_same_rows_as_spark_4_3_on_a_small_input() {
             .format("%Y-%m-%dT%H:%M:%S%.3fZ")
             .to_string()
         };
-        assert_eq!(
-            wm,
-            vec![
-                "1970-01-01T00:00:00.000Z".to_string(),
-                at(90),
-                at(91),
-                at(170)
-            ]
-        );
+        let all = [
+            "1970-01-01T00:00:00.000Z".to_string(),
+            at(90),
+            at(91),
+            at(170),
+        ];
+        assert_eq!(marks, all[..rows.len()].to_vec());
         let op = |k: &str| -> Vec<u64> {
             p.iter()
                 .map(|p| p.state_operators[0][k].as_u64().unwrap())
@@ -649,4 +728,28 @@ async fn the_same_rows_as_spark_4_3_on_a_small_input() {
         assert_eq!(op("numRowsTotal"), totals.to_vec());
         assert_eq!(op("numRowsDroppedByWatermark"), dropped.to_vec());
     }
+}
+
+/// A query without the stateful operator its checkpoint has state for is refused, as
+/// Spark refuses it: the state would silently stop being applied.
+#[tokio::test]
+async fn removing_a_stateful_operator_from_a_checkpoint_is_refused() {
+    let data = input(3, 10);
+    let dir = tempfile::tempdir().unwrap();
+    let (q, _) = run(
+        &data[..2],
+        dir.path(),
+        |f| f.drop_duplicates(["k"]),
+        show_rows,
+        None,
+    )
+    .await;
+    q.await_termination().await.unwrap();
+    let (q, seen) = run(&data, dir.path(), |f| f, show_rows, None).await;
+    let err = weir_core::sink::error_chain(&q.await_termination().await.unwrap_err());
+    assert!(
+        err.contains("stateful operator 0") && err.contains("cannot be removed"),
+        "{err}"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "no batch ran");
 }

@@ -169,7 +169,13 @@ impl Aggregation {
             .iter()
             .map(|s| AggExpr::parse(s))
             .collect::<Result<_>>()?;
-        let mut names: Vec<&str> = self.group_by.iter().map(String::as_str).collect();
+        let mut names: Vec<&str> = Vec::new();
+        for g in &self.group_by {
+            if names.contains(&g.as_str()) {
+                return Err(Error::config(KEY, format!("`{g}` is twice in group-by")));
+            }
+            names.push(g);
+        }
         if self.window.is_some() {
             names.extend(["window_start", "window_end"]);
         }
@@ -186,6 +192,25 @@ impl Aggregation {
             names.push(&e.alias);
         }
         Ok(exprs)
+    }
+
+    /// Checks the steps before the aggregation (given as the watermark's column, if there
+    /// is one before it) without the data: append mode needs a watermark it can close
+    /// groups by.
+    pub(crate) fn check_watermark(&self, watermark: Option<&str>) -> Result<()> {
+        if self.output_mode != OutputMode::Append {
+            return Ok(());
+        }
+        let closes = watermark.is_some_and(|w| {
+            self.window
+                .as_ref()
+                .map_or(self.group_by.iter().any(|g| g == w), |win| win.column == w)
+        });
+        if closes {
+            Ok(())
+        } else {
+            Err(Error::config(KEY, APPEND_NEEDS))
+        }
     }
 
     /// Checks the columns against the operator's input schema.
@@ -306,7 +331,10 @@ impl AggExpr {
         if !ok {
             return Err(Error::config(
                 KEY,
-                format!("{} cannot take column `{c}` of type {dt}", self.alias),
+                format!(
+                    "{}({c}) cannot take column `{c}` of type {dt}",
+                    format!("{:?}", self.func).to_ascii_lowercase()
+                ),
             ));
         }
         Ok(Some(dt))
@@ -386,6 +414,10 @@ pub(crate) struct Aggregate {
 }
 
 impl Aggregate {
+    pub(super) fn evicts(&self) -> bool {
+        self.spec.output_mode != OutputMode::Complete
+    }
+
     pub(super) fn new(op: OperatorState, spec: Aggregation) -> Result<Self> {
         let exprs = spec.validate()?;
         Ok(Aggregate {
@@ -422,19 +454,24 @@ impl Aggregate {
             Some(e) => e.index_in(&schema)?.map(|i| (e, i)),
             None => None,
         };
-        // Windows leave the state (and close, in append mode) by the watermark only if it
-        // is on the window's column.
-        let windowed_watermark = match (&window, event) {
-            (Some((w, ..)), Some((e, i))) if *w == i => Some(e),
+        // Complete mode keeps every group and counts every row, late or not (Spark).
+        let event = event.filter(|_| self.spec.output_mode != OutputMode::Complete);
+        // Groups leave the state (and close, in append mode) by the watermark if it is on
+        // the window's column (by the window's end) or on a group column (by its value).
+        let expiry = match (&window, event) {
+            (Some((w, size, ..)), Some((e, i))) if *w == i => Some((e, Expiry::WindowEnd(*size))),
+            (None, Some((e, i))) => groups
+                .iter()
+                .position(|g| *g == i)
+                .map(|pos| (e, Expiry::Group(pos))),
             _ => None,
         };
-        if self.spec.output_mode == OutputMode::Append && windowed_watermark.is_none() {
-            return Err(Error::config(
-                KEY,
-                "output mode append needs an event-time window and a watermark on its \
-                 column (with_watermark before the aggregation): without one a window never \
-                 closes; use update or complete",
-            ));
+        let windowed_watermark = match expiry {
+            Some((e, Expiry::WindowEnd(_))) => Some(e),
+            _ => None,
+        };
+        if self.spec.output_mode == OutputMode::Append && expiry.is_none() {
+            return Err(Error::config(KEY, APPEND_NEEDS));
         }
         let inputs: Vec<Option<DataType>> = self
             .exprs
@@ -606,22 +643,33 @@ impl Aggregate {
 
         // What to pass on, and what leaves the state.
         let started = Instant::now();
-        let closed: Vec<Vec<u8>> = match (windowed_watermark, &window) {
-            (Some(e), Some((_, size, ..))) if self.spec.output_mode != OutputMode::Complete => {
-                let mut closed = Vec::new();
-                for (k, _) in self.op.store.iter() {
-                    let start = window_start(k).map_err(|reason| Error::CorruptState {
-                        path: path(),
-                        reason,
-                    })?;
-                    if e.passed(start.saturating_add(*size)) {
-                        closed.push(k.to_vec());
-                    }
+        let group_types: Vec<DataType> = groups
+            .iter()
+            .map(|g| schema.field(*g).data_type().clone())
+            .collect();
+        let mut closed: Vec<Vec<u8>> = Vec::new();
+        if let Some((e, how)) = expiry {
+            for (k, _) in self.op.store.iter() {
+                let time = match how {
+                    Expiry::WindowEnd(size) => Some(
+                        window_start(k)
+                            .map_err(|reason| Error::CorruptState {
+                                path: path(),
+                                reason,
+                            })?
+                            .saturating_add(size),
+                    ),
+                    Expiry::Group(pos) => group_time(k, window.is_some(), &group_types, pos)
+                        .map_err(|reason| Error::CorruptState {
+                            path: path(),
+                            reason,
+                        })?,
+                };
+                if time.is_some_and(|t| e.passed(t)) {
+                    closed.push(k.to_vec());
                 }
-                closed
             }
-            _ => Vec::new(),
-        };
+        }
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = match self.spec.output_mode {
             OutputMode::Append => closed
                 .iter()
@@ -648,10 +696,6 @@ impl Aggregate {
         out.sort_by(|a, b| {
             (window_start(&a.0).unwrap_or(0), &a.0).cmp(&(window_start(&b.0).unwrap_or(0), &b.0))
         });
-        let group_types: Vec<DataType> = groups
-            .iter()
-            .map(|g| schema.field(*g).data_type().clone())
-            .collect();
         let mut key_cols: Vec<Vec<ScalarValue>> =
             vec![Vec::with_capacity(out.len()); group_types.len()];
         let mut win_starts = Vec::with_capacity(out.len());
@@ -736,6 +780,43 @@ impl Aggregate {
         ctx.read_table(Arc::new(table))
             .map_err(|e| Error::datafusion(KEY, e))
     }
+}
+
+/// What a group's entry leaves the state by, when the watermark passes it.
+#[derive(Debug, Clone, Copy)]
+enum Expiry {
+    /// The end of its window (start + this size, µs).
+    WindowEnd(i64),
+    /// The value of this group column (the event-time column).
+    Group(usize),
+}
+
+const APPEND_NEEDS: &str = "output mode append needs a watermark (with_watermark before \
+    the aggregation) on the window's column or on a group-by column: without one a group \
+    never closes; use update or complete";
+
+/// The event time (µs) in group column `pos` of a state key.
+fn group_time(
+    key: &[u8],
+    windowed: bool,
+    types: &[DataType],
+    pos: usize,
+) -> std::result::Result<Option<i64>, String> {
+    let mut at = 0;
+    if windowed {
+        decode_value(key, &mut at, &DataType::Int64)?;
+    }
+    let mut value = ScalarValue::Null;
+    for t in &types[..=pos] {
+        value = decode_value(key, &mut at, t)?;
+    }
+    Ok(match value {
+        ScalarValue::TimestampSecond(v, _) => v.map(|v| v.saturating_mul(1_000_000)),
+        ScalarValue::TimestampMillisecond(v, _) => v.map(|v| v.saturating_mul(1000)),
+        ScalarValue::TimestampMicrosecond(v, _) => v,
+        ScalarValue::TimestampNanosecond(v, _) => v.map(|v| v.div_euclid(1000)),
+        _ => None,
+    })
 }
 
 fn micros_of(d: Duration) -> i64 {

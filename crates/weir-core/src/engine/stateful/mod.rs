@@ -123,6 +123,15 @@ impl Operator {
         }))
     }
 
+    /// Whether the operator evicts (or closes) by the watermark, so that a batch without
+    /// data is worth running when it moves (Spark: not for complete mode).
+    pub(crate) fn evicts(&self) -> bool {
+        match self {
+            Operator::Dedupe(_) => true,
+            Operator::Aggregate(a) => a.evicts(),
+        }
+    }
+
     /// Lets retention delete the files no kept version needs (after `commits/N`).
     pub(crate) async fn purge(&mut self) -> Result<()> {
         match self {
@@ -130,6 +139,24 @@ impl Operator {
             Operator::Aggregate(a) => a.op.store.purge().await,
         }
     }
+}
+
+/// Refuses a query with `count` stateful operators on a checkpoint whose state has more:
+/// its rows would be missing from the state (Spark refuses this too).
+pub(crate) async fn check_no_operator_removed(state_root: &Location, count: usize) -> Result<()> {
+    let meta = state_root.join(&format!("{count}/_metadata"));
+    if meta.get("metadata").await?.is_some() {
+        return Err(Error::Config {
+            key: "state".into(),
+            reason: format!(
+                "the checkpoint holds state of stateful operator {count} ({}), which this \
+                 query does not have: a stateful operator cannot be removed from a query that \
+                 ran with it; start the query on a new checkpoint",
+                meta.describe("metadata")
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// What every operator has: its place in the checkpoint and its store.
@@ -474,9 +501,22 @@ pub(crate) fn check_at_start(source: &Schema, transforms: &[Transform]) -> Resul
             ),
         ));
     }
+    let mut watermark = None;
     for t in transforms {
-        if let Transform::Aggregate(a) = t {
-            a.validate()?;
+        match t {
+            Transform::Watermark { column, .. } => watermark = Some(column.as_str()),
+            Transform::Aggregate(a) => {
+                a.validate()?;
+                a.check_watermark(watermark)?;
+            }
+            Transform::DropDuplicatesWithinWatermark(_) if watermark.is_none() => {
+                return Err(Error::config(
+                    DedupeMode::WithinWatermark.key(),
+                    "drop_duplicates_within_watermark needs a watermark: put with_watermark \
+                     (`transform.with-watermark`) before it",
+                ));
+            }
+            _ => {}
         }
     }
     for t in transforms {
