@@ -39,6 +39,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
 use weir_core::connector::{BuildEnv, DurationText, SinkSpec, SourceSpec, secret};
+use weir_core::engine::Transform;
 use weir_core::sink::{ConsoleConfig, ParquetConfig};
 use weir_core::source::RateConfig;
 use weir_core::source::file::FilesConfig;
@@ -99,6 +100,30 @@ pub struct TransformConfig {
 }
 
 impl TransformConfig {
+    /// The steps, in the order they run: watermark, deduplications, aggregation, SQL.
+    pub fn steps(&self) -> Result<Vec<Transform>> {
+        let mut out = Vec::new();
+        if let Some(w) = &self.with_watermark {
+            out.push(Transform::Watermark {
+                column: w.column.clone(),
+                delay: w.delay.0,
+            });
+        }
+        if let Some(keys) = &self.drop_duplicates {
+            out.push(Transform::DropDuplicates(keys.clone()));
+        }
+        if let Some(keys) = &self.drop_duplicates_within_watermark {
+            out.push(Transform::DropDuplicatesWithinWatermark(keys.clone()));
+        }
+        if let Some(a) = &self.aggregate {
+            out.push(Transform::Aggregate(a.aggregation()?));
+        }
+        if let Some(sql) = &self.sql {
+            out.push(Transform::Sql(sql.clone()));
+        }
+        Ok(out)
+    }
+
     /// Whether any step keeps state in the checkpoint.
     pub fn is_stateful(&self) -> bool {
         self.drop_duplicates.is_some()
@@ -321,9 +346,7 @@ impl Pipeline {
                     );
                 }
             }
-            if let Some(a) = &t.aggregate {
-                a.aggregation()?.check()?;
-            }
+            weir_core::engine::check_steps(&t.steps()?)?;
         }
         let env = self.env()?;
         env.location("query.checkpoint", &self.query.checkpoint)?;
@@ -405,20 +428,8 @@ impl Pipeline {
             .await?
             .with_read_limit(spec.read_limit()?);
         if let Some(t) = &self.transform {
-            if let Some(w) = &t.with_watermark {
-                frame = frame.with_watermark(w.column.clone(), w.delay.0);
-            }
-            if let Some(keys) = &t.drop_duplicates {
-                frame = frame.drop_duplicates(keys.clone());
-            }
-            if let Some(keys) = &t.drop_duplicates_within_watermark {
-                frame = frame.drop_duplicates_within_watermark(keys.clone());
-            }
-            if let Some(a) = &t.aggregate {
-                frame = frame.aggregate(a.aggregation()?);
-            }
-            if let Some(sql) = &t.sql {
-                frame = frame.sql(sql.clone());
+            for step in t.steps()? {
+                frame = frame.then(step);
             }
         }
         let mut writer = frame

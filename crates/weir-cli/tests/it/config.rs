@@ -312,3 +312,31 @@ async fn the_readme_stateful_pipeline_runs_as_written() {
     }
     assert!(counted > 0 && counted <= 20_000, "{counted}");
 }
+
+/// `weir check` refuses stateful settings that cannot run, without running anything.
+#[test]
+fn weir_check_refuses_stateful_settings_that_cannot_run() {
+    let dir = temp_dir();
+    for (body, want) in [
+        (
+            "[transform.aggregate]\ngroup-by = [\"status\"]\naggregates = [\"count(*)\"]\n",
+            "output mode append needs a watermark",
+        ),
+        (
+            "[transform]\ndrop-duplicates-within-watermark = [\"order_id\"]\n",
+            "needs a watermark",
+        ),
+        (
+            "[transform.aggregate]\ngroup-by = [\"status\", \"status\"]\naggregates = [\"count(*)\"]\noutput-mode = \"update\"\n",
+            "`status` is twice",
+        ),
+    ] {
+        let p = pipeline(
+            dir.path(),
+            &format!("{body}\n[[sink]]\ntype = \"parquet\"\npath = \"out\"\n"),
+        );
+        let out = run_weir(&bin(), &["check", p.to_str().unwrap()], None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{want}: {err}");
+    }
+}

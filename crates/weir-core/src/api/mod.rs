@@ -390,6 +390,12 @@ impl StreamingDataFrame {
         self
     }
 
+    /// Adds a step as it is (what the methods above add).
+    pub fn then(mut self, step: Transform) -> Self {
+        self.transforms.push(step);
+        self
+    }
+
     /// Starts describing where the batches go.
     pub fn write_stream(self) -> DataStreamWriter {
         DataStreamWriter {

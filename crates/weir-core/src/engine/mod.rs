@@ -15,5 +15,5 @@ pub(crate) use query::Shared;
 pub use query::StreamingQuery;
 pub use runner::{BATCH_VIEW, Transform};
 pub(crate) use runner::{QuerySpec, run};
-pub use stateful::{Aggregation, OutputMode};
+pub use stateful::{Aggregation, OutputMode, check_steps};
 pub use trigger::{Trigger, parse_duration};

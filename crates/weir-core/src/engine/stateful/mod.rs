@@ -489,6 +489,32 @@ fn key_columns(schema: &Schema, keys: &[String], key: &str) -> Result<Vec<usize>
 /// (those before any SQL, DataFrame or aggregation step): a typo is refused before anything
 /// runs, not at the first batch that brings data.
 pub(crate) fn check_at_start(source: &Schema, transforms: &[Transform]) -> Result<()> {
+    check_steps(transforms)?;
+    for t in transforms {
+        match t {
+            Transform::DropDuplicates(keys) => {
+                key_columns(source, keys, DedupeMode::Plain.key())?;
+            }
+            Transform::DropDuplicatesWithinWatermark(keys) => {
+                key_columns(source, keys, DedupeMode::WithinWatermark.key())?;
+            }
+            Transform::Watermark { column, .. } => {
+                let i = key_columns(source, std::slice::from_ref(column), watermark::KEY)?[0];
+                watermark::check_type(column, source.field(i).data_type())?;
+            }
+            Transform::Aggregate(a) => {
+                a.check_columns(source)?;
+                break;
+            }
+            Transform::Sql(_) | Transform::Fn(_) => break,
+        }
+    }
+    Ok(())
+}
+
+/// The checks of [`check_at_start`] that need no schema: one watermark at most, aggregates
+/// that parse, append mode with a watermark to close by, dedupe within a watermark after one.
+pub fn check_steps(transforms: &[Transform]) -> Result<()> {
     let watermarks = transforms
         .iter()
         .filter(|t| matches!(t, Transform::Watermark { .. }))
@@ -517,25 +543,6 @@ pub(crate) fn check_at_start(source: &Schema, transforms: &[Transform]) -> Resul
                 ));
             }
             _ => {}
-        }
-    }
-    for t in transforms {
-        match t {
-            Transform::DropDuplicates(keys) => {
-                key_columns(source, keys, DedupeMode::Plain.key())?;
-            }
-            Transform::DropDuplicatesWithinWatermark(keys) => {
-                key_columns(source, keys, DedupeMode::WithinWatermark.key())?;
-            }
-            Transform::Watermark { column, .. } => {
-                let i = key_columns(source, std::slice::from_ref(column), watermark::KEY)?[0];
-                watermark::check_type(column, source.field(i).data_type())?;
-            }
-            Transform::Aggregate(a) => {
-                a.check_columns(source)?;
-                break;
-            }
-            Transform::Sql(_) | Transform::Fn(_) => break,
         }
     }
     Ok(())
