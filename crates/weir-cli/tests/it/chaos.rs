@@ -4,6 +4,9 @@ use weir_testkit::{run_weir, temp_dir};
 
 use crate::{SCHEMA, bin, gen_orders, pipeline};
 
+/// Chaos runs on PostgreSQL drop and recreate the `weir_chaos_*` tables: one at a time.
+static POSTGRES_CHAOS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs `weir chaos --json ARGS` and returns its summary.
 fn chaos(args: &[&str]) -> serde_json::Value {
     let mut all = vec!["chaos", "--json"];
@@ -35,6 +38,7 @@ fn checked(s: &serde_json::Value) -> String {
 /// the source against the reference. The long runs are in the closing notes.
 #[test]
 fn chaos_on_the_worked_example_finds_no_mismatch() {
+    let _one = POSTGRES_CHAOS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir();
     let work = dir.path().join("chaos");
     let s = chaos(&[
@@ -77,6 +81,7 @@ fn chaos_on_the_worked_example_finds_no_mismatch() {
 /// recorded watermarks and the state sizes must agree with it.
 #[test]
 fn chaos_on_the_stateful_example_finds_no_mismatch() {
+    let _one = POSTGRES_CHAOS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir();
     let work = dir.path().join("chaos");
     let example = concat!(

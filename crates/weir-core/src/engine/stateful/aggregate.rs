@@ -241,6 +241,8 @@ impl Aggregation {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Func {
     Count,
+    /// Spark's `approx_count_distinct`: a HyperLogLog sketch per group.
+    ApproxDistinct,
     Sum,
     Min,
     Max,
@@ -262,8 +264,8 @@ impl AggExpr {
             Error::config(
                 KEY,
                 format!(
-                    "'{s}' {why}; write count(*), count(col), sum(col), min(col), max(col) or \
-                     avg(col), optionally followed by AS name"
+                    "'{s}' {why}; write count(*), count(col), sum(col), min(col), max(col), \
+                     avg(col) or approx_count_distinct(col), optionally followed by AS name"
                 ),
             )
         };
@@ -284,6 +286,7 @@ impl AggExpr {
             "min" => Func::Min,
             "max" => Func::Max,
             "avg" | "mean" => Func::Avg,
+            "approx_count_distinct" | "approx_distinct" => Func::ApproxDistinct,
             _ => return Err(bad(&format!("uses `{name}`, which is not supported"))),
         };
         let arg = arg.trim_matches('`');
@@ -323,7 +326,7 @@ impl AggExpr {
         let fam = family(&dt);
         let ok = match self.func {
             Func::Count => true,
-            Func::Min | Func::Max => fam.is_some(),
+            Func::Min | Func::Max | Func::ApproxDistinct => fam.is_some(),
             Func::Sum | Func::Avg => fam.as_deref().is_some_and(|f| {
                 matches!(f, "integer" | "unsigned" | "float") || f.starts_with("decimal")
             }),
@@ -344,6 +347,8 @@ impl AggExpr {
     fn partials(&self, arg: Option<Expr>) -> Vec<(Slot, Expr)> {
         let a = arg.unwrap_or_else(|| lit(1i64));
         match self.func {
+            // Sketched by weir itself, not by DataFusion.
+            Func::ApproxDistinct => vec![],
             Func::Count => vec![(Slot::Add, count(a))],
             Func::Sum => vec![(Slot::Add, sum(a))],
             Func::Min => vec![(Slot::Min, min(a))],
@@ -362,6 +367,8 @@ enum Slot {
     Add,
     Min,
     Max,
+    /// HyperLogLog registers, merged by their maximum.
+    Hll,
 }
 
 fn merge(
@@ -393,6 +400,17 @@ fn merge(
                 old
             }
         }
+        Slot::Hll => match (old, new) {
+            (ScalarValue::Binary(Some(mut a)), ScalarValue::Binary(Some(b)))
+                if a.len() == b.len() =>
+            {
+                for (x, y) in a.iter_mut().zip(b) {
+                    *x = (*x).max(y);
+                }
+                ScalarValue::Binary(Some(a))
+            }
+            (old, new) => return Err(format!("sketches {old} and {new} do not merge")),
+        },
     })
 }
 
@@ -558,6 +576,8 @@ impl Aggregate {
         }
         let mut aggr_exprs = Vec::new();
         let mut slots = Vec::new();
+        // Per slot: the partial result's column, or the sketched input column.
+        let mut sources: Vec<SlotSource> = Vec::new();
         for (n, e) in self.exprs.iter().enumerate() {
             let arg = match &e.column {
                 Some(c) => {
@@ -574,24 +594,33 @@ impl Aggregate {
                 }
                 None => None,
             };
+            if e.func == Func::ApproxDistinct {
+                slots.push(Slot::Hll);
+                sources.push(SlotSource::Sketch(cols.len() - 1));
+                continue;
+            }
             for (slot, expr) in e.partials(arg) {
-                aggr_exprs.push(expr.alias(format!("__s{}", slots.len())));
+                sources.push(SlotSource::Partial(aggr_exprs.len()));
+                aggr_exprs.push(expr.alias(format!("__s{}", aggr_exprs.len())));
                 slots.push(slot);
             }
         }
         let expanded = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
             .map_err(|e| Error::datafusion(KEY, e.into()))?;
+        let sketches = sketch_rows(&expanded, groups.len(), window.is_some(), &sources);
         let partial = ctx
             .read_batch(expanded)
             .and_then(|d| d.aggregate(group_exprs, aggr_exprs))
             .map_err(|e| Error::datafusion(format!("batch {batch_id}: {KEY}"), e))?;
         let partial_schema = partial.schema().as_arrow().clone();
-        let slot_types: Vec<DataType> = (0..slots.len())
-            .map(|s| {
-                partial_schema
-                    .field(groups.len() + usize::from(window.is_some()) + s)
+        let slot_types: Vec<DataType> = sources
+            .iter()
+            .map(|s| match s {
+                SlotSource::Partial(c) => partial_schema
+                    .field(groups.len() + usize::from(window.is_some()) + c)
                     .data_type()
-                    .clone()
+                    .clone(),
+                SlotSource::Sketch(_) => DataType::Binary,
             })
             .collect();
         let partial = partial
@@ -627,9 +656,21 @@ impl Aggregate {
                         .collect::<Result<_>>()?,
                 };
                 let mut value = Vec::new();
+                let mut sketch = sketches.get(&key).map(|v| v.iter());
                 for (s, (slot, old)) in slots.iter().zip(old).enumerate() {
-                    let new = ScalarValue::try_from_array(b.column(nkey + s), row)
-                        .map_err(|e| Error::datafusion(KEY, e))?;
+                    let new = match sources[s] {
+                        SlotSource::Partial(c) => {
+                            ScalarValue::try_from_array(b.column(nkey + c), row)
+                                .map_err(|e| Error::datafusion(KEY, e))?
+                        }
+                        SlotSource::Sketch(_) => ScalarValue::Binary(Some(
+                            sketch
+                                .as_mut()
+                                .and_then(|it| it.next())
+                                .cloned()
+                                .unwrap_or_else(|| vec![0; HLL_REGISTERS]),
+                        )),
+                    };
                     let merged = merge(*slot, old, new)
                         .map_err(|why| Error::config(KEY, format!("batch {batch_id}: {why}")))?;
                     encode_scalar(&mut value, &merged).map_err(|e| Error::Internal { what: e })?;
@@ -748,7 +789,16 @@ impl Aggregate {
             let (values, t) = slot_iter.next().ok_or_else(|| Error::Internal {
                 what: "aggregate slots".into(),
             })?;
-            let (array, dt) = if e.func == Func::Avg {
+            let (array, dt) = if e.func == Func::ApproxDistinct {
+                let n: Vec<i64> = values
+                    .iter()
+                    .map(|v| match v {
+                        ScalarValue::Binary(Some(r)) => hll_estimate(r),
+                        _ => 0,
+                    })
+                    .collect();
+                (Arc::new(Int64Array::from(n)) as ArrayRef, DataType::Int64)
+            } else if e.func == Func::Avg {
                 let (counts, _) = slot_iter.next().ok_or_else(|| Error::Internal {
                     what: "aggregate slots".into(),
                 })?;
@@ -769,7 +819,11 @@ impl Aggregate {
             } else {
                 (scalars_to_array(values, t)?, t.clone())
             };
-            fields.push(Field::new(&e.alias, dt, e.func != Func::Count));
+            fields.push(Field::new(
+                &e.alias,
+                dt,
+                !matches!(e.func, Func::Count | Func::ApproxDistinct),
+            ));
             cols.push(array);
         }
         let out_schema = Arc::new(Schema::new(fields));
@@ -780,6 +834,101 @@ impl Aggregate {
         ctx.read_table(Arc::new(table))
             .map_err(|e| Error::datafusion(KEY, e))
     }
+}
+
+/// Where a state slot's value for a batch comes from.
+#[derive(Debug, Clone, Copy)]
+enum SlotSource {
+    /// This column of DataFusion's partial results (after the group columns).
+    Partial(usize),
+    /// A sketch of this column of the expanded batch.
+    Sketch(usize),
+}
+
+/// HyperLogLog with 2^9 registers: Spark's default precision for `approx_count_distinct`
+/// (relative standard deviation 0.05).
+const HLL_BITS: u32 = 9;
+const HLL_REGISTERS: usize = 1 << HLL_BITS;
+
+/// For each group of the expanded batch (its state key), the registers of each sketched
+/// slot, in slot order.
+fn sketch_rows(
+    batch: &RecordBatch,
+    groups: usize,
+    windowed: bool,
+    sources: &[SlotSource],
+) -> std::collections::HashMap<Vec<u8>, Vec<Vec<u8>>> {
+    let sketched: Vec<usize> = sources
+        .iter()
+        .filter_map(|s| match s {
+            SlotSource::Sketch(c) => Some(*c),
+            SlotSource::Partial(_) => None,
+        })
+        .collect();
+    let mut out: std::collections::HashMap<Vec<u8>, Vec<Vec<u8>>> = Default::default();
+    if sketched.is_empty() {
+        return out;
+    }
+    let mut key = Vec::new();
+    let mut value = Vec::new();
+    for row in 0..batch.num_rows() {
+        key.clear();
+        if windowed {
+            encode_value(&mut key, batch.column(groups), row);
+        }
+        for g in 0..groups {
+            encode_value(&mut key, batch.column(g), row);
+        }
+        let regs = out
+            .entry(key.clone())
+            .or_insert_with(|| vec![vec![0; HLL_REGISTERS]; sketched.len()]);
+        for (n, c) in sketched.iter().enumerate() {
+            let col = batch.column(*c);
+            if col.is_null(row) {
+                continue;
+            }
+            value.clear();
+            encode_value(&mut value, col, row);
+            let h = hash64(&value);
+            let idx = (h >> (64 - HLL_BITS)) as usize;
+            let rank = ((h << HLL_BITS) | (1 << (HLL_BITS - 1))).leading_zeros() as u8 + 1;
+            regs[n][idx] = regs[n][idx].max(rank);
+        }
+    }
+    out
+}
+
+/// FNV-1a, then SplitMix64's finalizer: a hash that is the same on every platform and
+/// release (the registers are kept in the checkpoint).
+fn hash64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// The HyperLogLog estimate of the registers, with linear counting for small counts.
+fn hll_estimate(regs: &[u8]) -> i64 {
+    let m = regs.len() as f64;
+    if regs.is_empty() {
+        return 0;
+    }
+    let sum: f64 = regs.iter().map(|r| 2f64.powi(-i32::from(*r))).sum();
+    let alpha = 0.7213 / (1.0 + 1.079 / m);
+    let raw = alpha * m * m / sum;
+    let zeros = regs.iter().filter(|r| **r == 0).count() as f64;
+    let est = if raw <= 2.5 * m && zeros > 0.0 {
+        m * (m / zeros).ln()
+    } else {
+        raw
+    };
+    est.round() as i64
 }
 
 /// What a group's entry leaves the state by, when the watermark passes it.
@@ -886,6 +1035,30 @@ mod tests {
         );
         assert_eq!("Update".parse::<OutputMode>().unwrap(), OutputMode::Update);
         assert!("upsert".parse::<OutputMode>().is_err());
+    }
+
+    #[test]
+    fn sketches_estimate_distinct_counts_and_merge_as_a_union() {
+        use datafusion::arrow::array::Int64Array;
+        let sketch = |values: std::ops::Range<i64>| -> Vec<u8> {
+            let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, true)]));
+            let b =
+                RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(values))])
+                    .unwrap();
+            let mut m = sketch_rows(&b, 0, false, &[SlotSource::Sketch(0)]);
+            m.remove(&Vec::new()).unwrap().remove(0)
+        };
+        assert_eq!(hll_estimate(&sketch(0..3)), 3);
+        let all = sketch(0..20_000);
+        let est = hll_estimate(&all) as f64;
+        assert!((est - 20_000.0).abs() < 20_000.0 * 0.15, "{est}");
+        let merged = merge(
+            Slot::Hll,
+            ScalarValue::Binary(Some(sketch(0..12_000))),
+            ScalarValue::Binary(Some(sketch(8_000..20_000))),
+        )
+        .unwrap();
+        assert_eq!(merged, ScalarValue::Binary(Some(all)));
     }
 
     #[test]
