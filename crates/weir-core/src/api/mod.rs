@@ -118,7 +118,13 @@ impl WeirSession {
         if let Some(n) = target_partitions {
             config = config.with_target_partitions(n);
         }
-        SessionContext::new_with_config_rt(config, self.runtime.clone())
+        let state = datafusion::execution::SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(self.runtime.clone())
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(crate::engine::top_one::TopOnePerKey))
+            .build();
+        SessionContext::new_with_state(state)
     }
 }
 

@@ -4,6 +4,7 @@ pub mod progress;
 mod query;
 mod runner;
 mod stateful;
+pub mod top_one;
 pub(crate) use stateful::check_at_start;
 pub mod trigger;
 

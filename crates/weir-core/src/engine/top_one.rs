@@ -1,0 +1,423 @@
+//! The newest row per key without a sort: `row_number() OVER (PARTITION BY k ORDER BY o
+//! DESC) = 1` (the seed's dedupe pattern) is planned by DataFusion as a sort of the whole
+//! batch and a window over it. This physical optimizer rule (Spark has the same idea as
+//! `InsertWindowGroupLimit`) replaces the sort and the window under such a filter with
+//! [`TopOnePerKeyExec`]: one pass over the rows that keeps, per key, the first row in the
+//! window's order, and gives the window's columns (the row number is 1 for every row it
+//! keeps). Rows that tie on the whole order are decided by input order, as the sort would
+//! do for them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
+use datafusion::arrow::compute::interleave_record_batch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Result as DfResult, ScalarValue};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::window::{StandardWindowExpr, WindowExpr};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{
+    Boundedness, ChildrenPropertiesMode, EmissionType, ReplaceChildrenOptions,
+};
+use datafusion::physical_plan::expressions::{BinaryExpr, Column, Literal};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec, WindowUDFExpr};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::TryStreamExt;
+
+/// The rule; registered in every weir session.
+#[derive(Debug, Default)]
+pub struct TopOnePerKey;
+
+impl PhysicalOptimizerRule for TopOnePerKey {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            Ok(match rewrite(&node)? {
+                Some(new) => Transformed::yes(new),
+                None => Transformed::no(node),
+            })
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "weir_top_one_per_key"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// `FilterExec(rn = 1)` over a row_number window over a sort, as the filter over a
+/// [`TopOnePerKeyExec`]; `None` if `node` is not that shape.
+fn rewrite(node: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
+    let Some(filter) = node.downcast_ref::<FilterExec>() else {
+        return Ok(None);
+    };
+    let window = filter.input();
+    let (exprs, window_input) = if let Some(w) = window.downcast_ref::<BoundedWindowAggExec>() {
+        (w.window_expr(), w.input())
+    } else if let Some(w) = window.downcast_ref::<WindowAggExec>() {
+        (w.window_expr(), w.input())
+    } else {
+        return Ok(None);
+    };
+    let [expr] = exprs else {
+        return Ok(None);
+    };
+    if !is_row_number(expr) || expr.partition_by().is_empty() || expr.order_by().is_empty() {
+        return Ok(None);
+    }
+    // The row number is the window's last column.
+    let rn = window.schema().fields().len() - 1;
+    if !is_equal_to_one(filter.predicate(), rn) {
+        return Ok(None);
+    }
+    let Some(sort) = window_input.downcast_ref::<SortExec>() else {
+        return Ok(None);
+    };
+    if sort.fetch().is_some() {
+        return Ok(None);
+    }
+    let mut input = Arc::clone(sort.input());
+    if !sort.preserve_partitioning() && input.output_partitioning().partition_count() > 1 {
+        input = Arc::new(CoalescePartitionsExec::new(input));
+    }
+    let top: Arc<dyn ExecutionPlan> = Arc::new(TopOnePerKeyExec::new(
+        input,
+        expr.partition_by().to_vec(),
+        expr.order_by().to_vec(),
+        window.schema(),
+    ));
+    let new = Arc::clone(node).replace_children(
+        vec![top],
+        ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+    )?;
+    Ok(Some(new))
+}
+
+fn is_row_number(expr: &Arc<dyn WindowExpr>) -> bool {
+    expr.as_any()
+        .downcast_ref::<StandardWindowExpr>()
+        .and_then(|s| {
+            s.get_standard_func_expr()
+                .as_any()
+                .downcast_ref::<WindowUDFExpr>()
+        })
+        .is_some_and(|u| u.fun().name() == "row_number")
+}
+
+/// `col = 1` or `1 = col` for the column at `index`.
+fn is_equal_to_one(pred: &Arc<dyn PhysicalExpr>, index: usize) -> bool {
+    let Some(b) = pred.downcast_ref::<BinaryExpr>() else {
+        return false;
+    };
+    if *b.op() != Operator::Eq {
+        return false;
+    }
+    let column = |e: &Arc<dyn PhysicalExpr>| {
+        e.downcast_ref::<Column>()
+            .is_some_and(|c| c.index() == index)
+    };
+    let one = |e: &Arc<dyn PhysicalExpr>| {
+        e.downcast_ref::<Literal>().is_some_and(|l| {
+            matches!(
+                l.value(),
+                ScalarValue::UInt64(Some(1))
+                    | ScalarValue::Int64(Some(1))
+                    | ScalarValue::Int32(Some(1))
+            )
+        })
+    };
+    (column(b.left()) && one(b.right())) || (one(b.left()) && column(b.right()))
+}
+
+/// Per partition, the first row of each key in the given order, with the window's columns.
+#[derive(Debug)]
+pub struct TopOnePerKeyExec {
+    input: Arc<dyn ExecutionPlan>,
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+    order: Vec<PhysicalSortExpr>,
+    schema: SchemaRef,
+    cache: Arc<PlanProperties>,
+}
+
+impl TopOnePerKeyExec {
+    fn new(
+        input: Arc<dyn ExecutionPlan>,
+        keys: Vec<Arc<dyn PhysicalExpr>>,
+        order: Vec<PhysicalSortExpr>,
+        schema: SchemaRef,
+    ) -> Self {
+        let cache = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            input.output_partitioning().clone(),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        TopOnePerKeyExec {
+            input,
+            keys,
+            order,
+            schema,
+            cache,
+        }
+    }
+}
+
+impl DisplayAs for TopOnePerKeyExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
+        let order: Vec<String> = self.order.iter().map(|o| o.to_string()).collect();
+        write!(
+            f,
+            "TopOnePerKeyExec: keys=[{}], order=[{}]",
+            keys.join(", "),
+            order.join(", ")
+        )
+    }
+}
+
+impl ExecutionPlan for TopOnePerKeyExec {
+    fn name(&self) -> &str {
+        "TopOnePerKeyExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        for k in &self.keys {
+            if f(k)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        for o in &self.order {
+            if f(&o.expr)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children).map_err(|_| {
+            datafusion::error::DataFusionError::Internal("TopOnePerKeyExec takes one input".into())
+        })?;
+        Ok(Arc::new(TopOnePerKeyExec::new(
+            input,
+            self.keys.clone(),
+            self.order.clone(),
+            Arc::clone(&self.schema),
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let keys = self.keys.clone();
+        let order = self.order.clone();
+        let schema = Arc::clone(&self.schema);
+        let out_schema = Arc::clone(&schema);
+        let fut = async move {
+            let batches: Vec<RecordBatch> = input.try_collect().await?;
+            top_one(&batches, &keys, &order, &schema)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            out_schema,
+            futures::stream::once(fut),
+        )))
+    }
+}
+
+/// A row (batch, row) and its order bytes.
+type Pick = (usize, usize, Box<[u8]>);
+
+/// The first row of each key of `batches` in `order`, in input order, with a row number 1.
+fn top_one(
+    batches: &[RecordBatch],
+    keys: &[Arc<dyn PhysicalExpr>],
+    order: &[PhysicalSortExpr],
+    schema: &SchemaRef,
+) -> DfResult<RecordBatch> {
+    let Some(first) = batches.first() else {
+        return Ok(RecordBatch::new_empty(Arc::clone(schema)));
+    };
+    let eval = |b: &RecordBatch, exprs: &mut dyn Iterator<Item = &Arc<dyn PhysicalExpr>>| {
+        exprs
+            .map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows())))
+            .collect::<DfResult<Vec<ArrayRef>>>()
+    };
+    let key_types = eval(first, &mut keys.iter())?;
+    let key_conv = RowConverter::new(
+        key_types
+            .iter()
+            .map(|a| SortField::new(a.data_type().clone()))
+            .collect(),
+    )?;
+    let order_types = eval(first, &mut order.iter().map(|o| &o.expr))?;
+    let order_conv = RowConverter::new(
+        order_types
+            .iter()
+            .zip(order)
+            .map(|(a, o)| SortField::new_with_options(a.data_type().clone(), o.options))
+            .collect(),
+    )?;
+    // key -> the best row so far.
+    let mut best: HashMap<Box<[u8]>, Pick> = HashMap::new();
+    for (bi, b) in batches.iter().enumerate() {
+        let k = key_conv.convert_columns(&eval(b, &mut keys.iter())?)?;
+        let o = order_conv.convert_columns(&eval(b, &mut order.iter().map(|o| &o.expr))?)?;
+        for r in 0..b.num_rows() {
+            let ord = o.row(r);
+            match best.get_mut(k.row(r).as_ref()) {
+                Some(slot) => {
+                    if ord.as_ref() < slot.2.as_ref() {
+                        *slot = (bi, r, ord.as_ref().into());
+                    }
+                }
+                None => {
+                    best.insert(k.row(r).as_ref().into(), (bi, r, ord.as_ref().into()));
+                }
+            }
+        }
+    }
+    let mut picks: Vec<(usize, usize)> = best.into_values().map(|(b, r, _)| (b, r)).collect();
+    picks.sort_unstable();
+    let refs: Vec<&RecordBatch> = batches.iter().collect();
+    let rows = interleave_record_batch(&refs, &picks)?;
+    let mut columns = rows.columns().to_vec();
+    columns.push(Arc::new(UInt64Array::from(vec![1u64; picks.len()])));
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    fn batch(seed: u64, n: usize) -> RecordBatch {
+        let mut x = seed;
+        let mut next = move |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        let mut k = Vec::new();
+        let mut t = Vec::new();
+        let mut s = Vec::new();
+        let mut a = Vec::new();
+        for i in 0..n {
+            k.push((next(7) != 0).then(|| next(300) as i64));
+            t.push((i % 11 != 3).then(|| next(50) as i64));
+            s.push((i % 5 != 1).then(|| ["x", "y", "z"][next(3) as usize]));
+            a.push((i % 13 != 2).then(|| next(1000) as f64 / 10.0));
+        }
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("t", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new("a", DataType::Float64, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(k)),
+                Arc::new(Int64Array::from(t)),
+                Arc::new(StringArray::from(s)),
+                Arc::new(Float64Array::from(a)),
+            ],
+        )
+        .unwrap()
+    }
+
+    async fn run(ctx: &SessionContext, sql: &str) -> (Vec<String>, String) {
+        let df = ctx.sql(sql).await.unwrap();
+        let plan = df.clone().create_physical_plan().await.unwrap();
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(true)
+            .to_string();
+        let rows =
+            datafusion::arrow::util::pretty::pretty_format_batches(&df.collect().await.unwrap())
+                .unwrap()
+                .to_string();
+        let mut lines: Vec<String> = rows.lines().map(str::to_string).collect();
+        lines.sort();
+        (lines, shown)
+    }
+
+    /// The seed's newest-per-key query gives the same rows with the rule as with the sort
+    /// and window, over NULL keys, NULL orderings, ties broken by the other columns, and
+    /// several input partitions; and the plan shows the rule fired.
+    #[tokio::test]
+    async fn newest_per_key_equals_the_window_plan() {
+        let config = SessionConfig::new().with_target_partitions(3);
+        let with = SessionContext::new_with_state(
+            SessionStateBuilder::new()
+                .with_config(config.clone())
+                .with_default_features()
+                .with_physical_optimizer_rule(Arc::new(TopOnePerKey))
+                .build(),
+        );
+        let without = SessionContext::new_with_config(config);
+        for ctx in [&with, &without] {
+            let parts = (0..3).map(|i| vec![batch(i, 700)]).collect();
+            let t = datafusion::datasource::MemTable::try_new(batch(0, 1).schema(), parts).unwrap();
+            ctx.register_table("batch", Arc::new(t)).unwrap();
+        }
+        for sql in [
+            "SELECT k, t, s, a FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC NULLS LAST, s DESC NULLS LAST, a DESC NULLS LAST) AS rn FROM batch) WHERE rn = 1",
+            "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY k, s ORDER BY t ASC NULLS FIRST, a DESC) AS rn FROM batch) WHERE 1 = rn",
+        ] {
+            let (got, plan) = run(&with, sql).await;
+            let (want, plain) = run(&without, sql).await;
+            assert!(plan.contains("TopOnePerKeyExec"), "{plan}");
+            assert!(!plain.contains("TopOnePerKeyExec"));
+            assert!(got.len() > 300, "{}", got.len());
+            assert_eq!(got, want, "{sql}");
+        }
+        // Not this shape: left to DataFusion.
+        let (_, plan) = run(
+            &with,
+            "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t) AS rn FROM batch) WHERE rn = 2",
+        )
+        .await;
+        assert!(!plan.contains("TopOnePerKeyExec"), "{plan}");
+    }
+}
