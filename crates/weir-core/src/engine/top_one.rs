@@ -97,13 +97,25 @@ fn rewrite(node: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Arc<dyn ExecutionPl
     if sort.fetch().is_some() {
         return Ok(None);
     }
+    // The sort is by the keys, then the window's order: the rows kept come out in it, so
+    // whatever above relied on the window's output order still gets it.
+    let ordering: Vec<PhysicalSortExpr> = sort.expr().iter().cloned().collect();
+    let keys = expr.partition_by();
+    if ordering.len() < keys.len()
+        || ordering
+            .iter()
+            .zip(keys)
+            .any(|(o, k)| o.expr.as_ref() != k.as_ref())
+    {
+        return Ok(None);
+    }
     let mut input = Arc::clone(sort.input());
     if !sort.preserve_partitioning() && input.output_partitioning().partition_count() > 1 {
         input = Arc::new(CoalescePartitionsExec::new(input));
     }
     let top: Arc<dyn ExecutionPlan> = Arc::new(TopOnePerKeyExec::new(
         input,
-        expr.partition_by().to_vec(),
+        ordering[..keys.len()].to_vec(),
         expr.order_by().to_vec(),
         window.schema(),
     ));
@@ -150,11 +162,13 @@ fn is_equal_to_one(pred: &Arc<dyn PhysicalExpr>, index: usize) -> bool {
     (column(b.left()) && one(b.right())) || (one(b.left()) && column(b.right()))
 }
 
-/// Per partition, the first row of each key in the given order, with the window's columns.
+/// Per partition, the first row of each key in the given order, with the window's columns,
+/// sorted by the keys (as the window gave them).
 #[derive(Debug)]
 pub struct TopOnePerKeyExec {
     input: Arc<dyn ExecutionPlan>,
-    keys: Vec<Arc<dyn PhysicalExpr>>,
+    /// The partition keys, with the order the sort had for them.
+    keys: Vec<PhysicalSortExpr>,
     order: Vec<PhysicalSortExpr>,
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
@@ -163,12 +177,13 @@ pub struct TopOnePerKeyExec {
 impl TopOnePerKeyExec {
     fn new(
         input: Arc<dyn ExecutionPlan>,
-        keys: Vec<Arc<dyn PhysicalExpr>>,
+        keys: Vec<PhysicalSortExpr>,
         order: Vec<PhysicalSortExpr>,
         schema: SchemaRef,
     ) -> Self {
+        let ordering: Vec<PhysicalSortExpr> = keys.iter().chain(&order).cloned().collect();
         let cache = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
+            EquivalenceProperties::new_with_orderings(Arc::clone(&schema), [ordering]),
             input.output_partitioning().clone(),
             EmissionType::Final,
             Boundedness::Bounded,
@@ -214,7 +229,7 @@ impl ExecutionPlan for TopOnePerKeyExec {
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
     ) -> DfResult<TreeNodeRecursion> {
         for k in &self.keys {
-            if f(k)? == TreeNodeRecursion::Stop {
+            if f(&k.expr)? == TreeNodeRecursion::Stop {
                 return Ok(TreeNodeRecursion::Stop);
             }
         }
@@ -265,10 +280,11 @@ impl ExecutionPlan for TopOnePerKeyExec {
 /// A row (batch, row) and its order bytes.
 type Pick = (usize, usize, Box<[u8]>);
 
-/// The first row of each key of `batches` in `order`, in input order, with a row number 1.
+/// The first row of each key of `batches` in `order` (ties: the first in input order), in
+/// key order, with a row number 1.
 fn top_one(
     batches: &[RecordBatch],
-    keys: &[Arc<dyn PhysicalExpr>],
+    keys: &[PhysicalSortExpr],
     order: &[PhysicalSortExpr],
     schema: &SchemaRef,
 ) -> DfResult<RecordBatch> {
@@ -280,11 +296,12 @@ fn top_one(
             .map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows())))
             .collect::<DfResult<Vec<ArrayRef>>>()
     };
-    let key_types = eval(first, &mut keys.iter())?;
+    let key_types = eval(first, &mut keys.iter().map(|k| &k.expr))?;
     let key_conv = RowConverter::new(
         key_types
             .iter()
-            .map(|a| SortField::new(a.data_type().clone()))
+            .zip(keys)
+            .map(|(a, k)| SortField::new_with_options(a.data_type().clone(), k.options))
             .collect(),
     )?;
     let order_types = eval(first, &mut order.iter().map(|o| &o.expr))?;
@@ -298,7 +315,7 @@ fn top_one(
     // key -> the best row so far.
     let mut best: HashMap<Box<[u8]>, Pick> = HashMap::new();
     for (bi, b) in batches.iter().enumerate() {
-        let k = key_conv.convert_columns(&eval(b, &mut keys.iter())?)?;
+        let k = key_conv.convert_columns(&eval(b, &mut keys.iter().map(|k| &k.expr))?)?;
         let o = order_conv.convert_columns(&eval(b, &mut order.iter().map(|o| &o.expr))?)?;
         for r in 0..b.num_rows() {
             let ord = o.row(r);
@@ -314,8 +331,9 @@ fn top_one(
             }
         }
     }
-    let mut picks: Vec<(usize, usize)> = best.into_values().map(|(b, r, _)| (b, r)).collect();
-    picks.sort_unstable();
+    let mut kept: Vec<(Box<[u8]>, Pick)> = best.into_iter().collect();
+    kept.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let picks: Vec<(usize, usize)> = kept.into_iter().map(|(_, (b, r, _))| (b, r)).collect();
     let refs: Vec<&RecordBatch> = batches.iter().collect();
     let rows = interleave_record_batch(&refs, &picks)?;
     let mut columns = rows.columns().to_vec();
@@ -412,6 +430,57 @@ mod tests {
             assert!(got.len() > 300, "{}", got.len());
             assert_eq!(got, want, "{sql}");
         }
+        // A global order, which the window's sort may have given: still in order.
+        let sql = "SELECT k, t FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC, s DESC, a DESC) AS rn FROM batch) WHERE rn = 1 ORDER BY k";
+        let got = with.sql(sql).await.unwrap().collect().await.unwrap();
+        let want = without.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(
+            datafusion::arrow::util::pretty::pretty_format_batches(&got)
+                .unwrap()
+                .to_string(),
+            datafusion::arrow::util::pretty::pretty_format_batches(&want)
+                .unwrap()
+                .to_string()
+        );
+        // weir's batches: one partition in, two target partitions (the default).
+        let two = SessionContext::new_with_state(
+            SessionStateBuilder::new()
+                .with_config(SessionConfig::new().with_target_partitions(2))
+                .with_default_features()
+                .with_physical_optimizer_rule(Arc::new(TopOnePerKey))
+                .build(),
+        );
+        let t = datafusion::datasource::MemTable::try_new(
+            batch(0, 1).schema(),
+            vec![vec![batch(5, 900)]],
+        )
+        .unwrap();
+        two.register_table("batch", Arc::new(t)).unwrap();
+        let (_, plan) = run(
+            &two,
+            "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC) AS rn FROM batch) WHERE rn = 1",
+        )
+        .await;
+        assert!(plan.contains("TopOnePerKeyExec"), "{plan}");
+        // The window's order may be all that orders the result: still in order.
+        let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+        let t = datafusion::datasource::MemTable::try_new(
+            batch(0, 1).schema(),
+            vec![vec![batch(5, 900)]],
+        )
+        .unwrap();
+        plain.register_table("batch", Arc::new(t)).unwrap();
+        let sql = "SELECT k, t FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC, s DESC, a DESC) AS rn FROM batch) WHERE rn = 1 ORDER BY k NULLS LAST";
+        let got = two.sql(sql).await.unwrap().collect().await.unwrap();
+        let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
+        assert_eq!(
+            datafusion::arrow::util::pretty::pretty_format_batches(&got)
+                .unwrap()
+                .to_string(),
+            datafusion::arrow::util::pretty::pretty_format_batches(&want)
+                .unwrap()
+                .to_string()
+        );
         // Not this shape: left to DataFusion.
         let (_, plan) = run(
             &with,
