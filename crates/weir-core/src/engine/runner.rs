@@ -96,6 +96,9 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
             }
         }
         super::stateful::check_no_operator_removed(&root, stateful.len()).await?;
+        for (i, op) in stateful.iter().enumerate() {
+            op.check_place(i as u32, &root).await?;
+        }
         Runner {
             spec,
             shared: task_shared,

@@ -791,3 +791,47 @@ async fn approx_count_distinct_sketches_merge_across_batches() {
     let last = seen.lock().unwrap().last().unwrap().1.clone();
     assert_eq!(last, whole);
 }
+
+/// An operator added in front of one the checkpoint has state for is refused before any
+/// batch, naming what the state was written by.
+#[tokio::test]
+async fn an_operator_added_in_front_of_another_is_refused_at_start() {
+    let data = input(3, 10);
+    let dir = tempfile::tempdir().unwrap();
+    let agg = || {
+        Aggregation::new(["count(*)"])
+            .group_by(["k"])
+            .output_mode(OutputMode::Update)
+    };
+    let (q, _) = run(
+        &data[..2],
+        dir.path(),
+        move |f| f.aggregate(agg()),
+        show_rows_none,
+        None,
+    )
+    .await;
+    q.await_termination().await.unwrap();
+    let (q, seen) = run(
+        &data,
+        dir.path(),
+        move |f| f.drop_duplicates(["k"]).aggregate(agg()),
+        show_rows_none,
+        None,
+    )
+    .await;
+    let err = weir_core::sink::error_chain(&q.await_termination().await.unwrap_err());
+    assert!(
+        err.contains("written by stateStoreSave") && err.contains("this query has dedupe"),
+        "{err}"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "no batch ran");
+    assert!(
+        !dir.path().join("offsets/2").exists(),
+        "refused before planning batch 2"
+    );
+}
+
+fn show_rows_none(_b: &RecordBatch) -> Vec<String> {
+    Vec::new()
+}

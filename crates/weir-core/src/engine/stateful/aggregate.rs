@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 const KEY: &str = "transform.aggregate";
 
 /// Spark's name for the operator in progress reports and the state metadata.
-const OPERATOR_NAME: &str = "stateStoreSave";
+pub(super) const OPERATOR_NAME: &str = "stateStoreSave";
 
 /// Which rows an aggregation passes on each batch (Spark's output modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -506,6 +506,9 @@ impl Aggregate {
                 "function": format!("{:?}", e.func).to_ascii_lowercase(),
                 "column": e.column,
                 "type": t.as_ref().and_then(family)})).collect::<Vec<_>>(),
+            // A state kept for one mode is not what another needs (update evicts windows
+            // complete would still show).
+            "outputMode": format!("{:?}", self.spec.output_mode).to_ascii_lowercase(),
         })
         .to_string();
         self.op

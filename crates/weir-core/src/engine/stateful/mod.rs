@@ -141,6 +141,44 @@ impl Operator {
     }
 }
 
+/// Refuses operator `operator` named `name` where the checkpoint's state was written by
+/// another operator (one added before it, or a different one in its place), without
+/// writing anything.
+async fn check_operator_name(state_root: &Location, operator: u32, name: &str) -> Result<()> {
+    let dir = state_root.join(&format!("{operator}/_metadata"));
+    let Some(bytes) = dir.get("metadata").await? else {
+        return Ok(());
+    };
+    let path = dir.describe("metadata");
+    let lines = crate::checkpoint::log::parse_versioned(&bytes, &path, 1, "state metadata")?;
+    let line = lines.first().cloned().unwrap_or_default();
+    let found: OperatorMetadata = crate::checkpoint::log::parse_line(&path, 2, &line)?;
+    if found.operator_info.operator_name == name {
+        return Ok(());
+    }
+    Err(Error::Config {
+        key: "state".into(),
+        reason: format!(
+            "the checkpoint's state for stateful operator {operator} was written by {} \
+             ({path}); this query has {name} there: stateful operators cannot be added, \
+             removed or reordered on the same checkpoint; start the query on a new checkpoint",
+            found.operator_info.operator_name
+        ),
+    })
+}
+
+impl Operator {
+    /// Checks, before the query starts, that the checkpoint's state for this operator's
+    /// place was written by the same kind of operator.
+    pub(crate) async fn check_place(&self, index: u32, state_root: &Location) -> Result<()> {
+        let name = match self {
+            Operator::Dedupe(d) => d.mode.name(),
+            Operator::Aggregate(_) => aggregate::OPERATOR_NAME,
+        };
+        check_operator_name(state_root, index, name).await
+    }
+}
+
 /// Refuses a query with `count` stateful operators on a checkpoint whose state has more:
 /// its rows would be missing from the state (Spark refuses this too).
 pub(crate) async fn check_no_operator_removed(state_root: &Location, count: usize) -> Result<()> {
@@ -221,6 +259,7 @@ impl OperatorState {
         let meta_dir = self
             .state_root
             .join(&format!("{}/_metadata", self.operator));
+        check_operator_name(&self.state_root, self.operator, name).await?;
         if batch_id > 0 && meta_dir.get(file).await?.is_none() {
             return Err(Error::config(
                 key,
