@@ -68,11 +68,7 @@ pub fn plan(p: &Pipeline) -> Result<Option<Plan>> {
     let Some(t) = &p.transform else {
         return Ok(None);
     };
-    let stateful = t.with_watermark.is_some()
-        || t.drop_duplicates.is_some()
-        || t.drop_duplicates_within_watermark.is_some()
-        || t.aggregate.is_some();
-    if !stateful {
+    if !t.is_stateful() && t.with_watermark.is_none() {
         return Ok(None);
     }
     if t.sql.is_some() {

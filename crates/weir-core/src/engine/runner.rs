@@ -104,7 +104,6 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
             shared: task_shared,
             stateful: tokio::sync::Mutex::new(stateful),
             watermark,
-            event_times: std::sync::Mutex::new(EventTimeStats::default()),
         }
         .run()
         .await
@@ -155,8 +154,6 @@ struct Runner {
     stateful: tokio::sync::Mutex<Vec<Operator>>,
     /// The watermark's column and delay in ms, if the query has one.
     watermark: Option<(String, i64)>,
-    /// The event times the current batch brought past the watermark step.
-    event_times: std::sync::Mutex<EventTimeStats>,
 }
 
 /// What one batch reads.
@@ -334,7 +331,13 @@ impl Runner {
             };
             idle_reported = false;
             let id = planned.id;
-            let (rows, metrics, state_operators, next_watermark) = self
+            let Ran {
+                rows,
+                metrics,
+                state_operators,
+                next_watermark,
+                event_time,
+            } = self
                 .run_batch(&planned, start.as_ref(), last_watermark_ms, &mut durations)
                 .instrument(self.batch_span(id))
                 .await?;
@@ -342,12 +345,6 @@ impl Runner {
             watermark_ms = next_watermark;
             let total = trigger_start.elapsed();
             durations.insert("triggerExecution".into(), total.as_millis() as u64);
-            let event_time = match self.watermark {
-                Some(_) => self
-                    .event_times()?
-                    .progress(planned.metadata.batch_watermark_ms),
-                None => BTreeMap::new(),
-            };
             let timing = Timing {
                 wall_start,
                 trigger_start,
@@ -384,18 +381,26 @@ impl Runner {
         tracing::info_span!("batch", query = %self.shared.name, batch_id = id)
     }
 
-    fn event_times(&self) -> Result<std::sync::MutexGuard<'_, EventTimeStats>> {
-        self.event_times.lock().map_err(|_| Error::Internal {
-            what: "the event-time statistics lock is poisoned".into(),
-        })
-    }
-
     /// Records batch `id` as a no-data batch: the range of the batch before (nothing to
     /// read) with the watermark that moved since.
     async fn plan_no_data(
         &self,
         id: u64,
         start: &SourceOffset,
+        watermark_ms: i64,
+        durations: &mut BTreeMap<String, u64>,
+    ) -> Result<Planned> {
+        tracing::info!(query = %self.shared.name, batch = id, "no-data batch {id}: the watermark moved to {}", super::stateful::iso(watermark_ms));
+        self.record(id, start.clone(), start.clone(), watermark_ms, durations)
+            .await
+    }
+
+    /// Step 2: writes `offsets/N` for batch `id` ending at `end`.
+    async fn record(
+        &self,
+        id: u64,
+        end: SourceOffset,
+        latest: SourceOffset,
         watermark_ms: i64,
         durations: &mut BTreeMap<String, u64>,
     ) -> Result<Planned> {
@@ -407,17 +412,16 @@ impl Runner {
         let t = Instant::now();
         let seq = OffsetSeq {
             metadata: metadata.clone(),
-            offsets: vec![Some(start.clone())],
+            offsets: vec![Some(end.clone())],
         };
         self.shared.set_current_batch(id);
         self.spec.checkpoint.write_offsets(id, &seq).await?;
         durations.insert("walCommit".into(), t.elapsed().as_millis() as u64);
         fault::hit("after-offsets-write", id)?;
-        tracing::info!(query = %self.shared.name, batch = id, "no-data batch {id}: the watermark moved to {}", super::stateful::iso(watermark_ms));
         Ok(Planned {
             id,
-            latest: Some(start.clone()),
-            end: start.clone(),
+            latest: Some(latest),
+            end,
             metadata,
             replay: false,
         })
@@ -451,43 +455,24 @@ impl Runner {
         let Some(end) = latest.filter(|l| Some(l) != start) else {
             return Ok(None);
         };
-        let metadata = OffsetSeqMetadata {
-            batch_watermark_ms: watermark_ms,
-            batch_timestamp_ms: chrono::Utc::now().timestamp_millis(),
-            conf: self.spec.conf.clone(),
-        };
-        let t = Instant::now();
-        let seq = OffsetSeq {
-            metadata: metadata.clone(),
-            offsets: vec![Some(end.clone())],
-        };
-        self.shared.set_current_batch(id);
-        self.spec.checkpoint.write_offsets(id, &seq).await?;
-        durations.insert("walCommit".into(), t.elapsed().as_millis() as u64);
-        fault::hit("after-offsets-write", id)?;
-        Ok(Some(Planned {
-            id,
-            latest: Some(
-                self.spec
-                    .source
-                    .latest_seen()
-                    .unwrap_or_else(|| end.clone()),
-            ),
-            end,
-            metadata,
-            replay: false,
-        }))
+        let latest = self
+            .spec
+            .source
+            .latest_seen()
+            .unwrap_or_else(|| end.clone());
+        self.record(id, end, latest, watermark_ms, durations)
+            .await
+            .map(Some)
     }
 
-    /// Steps 3-5 for a planned batch; returns the input row count, the sinks' figures, the
-    /// stateful operators' progress and the watermark for the next batch.
+    /// Steps 3-5 for a planned batch.
     async fn run_batch(
         &self,
         p: &Planned,
         start: Option<&SourceOffset>,
         late_watermark_ms: i64,
         durations: &mut BTreeMap<String, u64>,
-    ) -> Result<(u64, Arc<SinkMetrics>, Vec<serde_json::Value>, i64)> {
+    ) -> Result<Ran> {
         let id = p.id;
         self.shared.set_current_batch(id);
         let ctx = &self.spec.ctx;
@@ -504,14 +489,13 @@ impl Runner {
         durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
 
         let t = Instant::now();
-        *self.event_times()? = EventTimeStats::default();
         let event = self.watermark.as_ref().map(|(column, delay_ms)| EventTime {
             column: column.clone(),
             delay_ms: *delay_ms,
             watermark_ms: p.metadata.batch_watermark_ms,
             late_ms: late_watermark_ms,
         });
-        let df = self
+        let (df, event_times) = self
             .transform(table, id, event.as_ref())
             .await
             .map_err(self.in_batch(id, "applying the transforms"))?;
@@ -575,9 +559,7 @@ impl Runner {
         durations.insert("addBatch".into(), t.elapsed().as_millis() as u64);
 
         let next_watermark = match &event {
-            Some(e) => self
-                .event_times()?
-                .next_watermark(e.watermark_ms, e.delay_ms),
+            Some(e) => event_times.next_watermark(e.watermark_ms, e.delay_ms),
             None => 0,
         };
         let t = Instant::now();
@@ -606,7 +588,17 @@ impl Runner {
                 .map_err(self.in_batch(id, "deleting state files past retention"))?;
         }
         durations.insert("commitOffsets".into(), t.elapsed().as_millis() as u64);
-        Ok((rows, metrics, state_operators, next_watermark))
+        let event_time = match &event {
+            Some(e) => event_times.progress(e.watermark_ms),
+            None => BTreeMap::new(),
+        };
+        Ok(Ran {
+            rows,
+            metrics,
+            state_operators,
+            next_watermark,
+            event_time,
+        })
     }
 
     async fn transform(
@@ -614,8 +606,9 @@ impl Runner {
         table: Arc<MemTable>,
         batch_id: u64,
         event: Option<&EventTime>,
-    ) -> Result<DataFrame> {
+    ) -> Result<(DataFrame, EventTimeStats)> {
         let ctx = &self.spec.ctx;
+        let mut event_times = EventTimeStats::default();
         let mut df = ctx
             .read_table(table.clone())
             .map_err(|e| Error::datafusion("reading the materialized batch", e))?;
@@ -633,25 +626,9 @@ impl Runner {
                     op.apply(ctx, df, batch_id, event).await?
                 }
                 Transform::Watermark { column, .. } => {
-                    // Materialized once here: the statistics and the steps after read it.
-                    let schema = df.schema().inner().clone();
-                    let i = schema.index_of(column).map_err(|_| {
-                        Error::config(
-                            super::stateful::WATERMARK_KEY,
-                            format!("no column `{column}` in the batch at the watermark"),
-                        )
-                    })?;
-                    super::stateful::check_event_type(column, schema.field(i).data_type())?;
-                    let parts = df
-                        .collect_partitioned()
-                        .await
-                        .map_err(|e| Error::datafusion("reading the batch at the watermark", e))?;
-                    let batches: Vec<_> = parts.iter().flatten().cloned().collect();
-                    self.event_times()?.observe(&batches, i)?;
-                    let table = MemTable::try_new(schema, parts)
-                        .map_err(|e| Error::datafusion("holding the batch at the watermark", e))?;
-                    ctx.read_table(Arc::new(table))
-                        .map_err(|e| Error::datafusion("reading the batch at the watermark", e))?
+                    let (df, stats) = super::stateful::observe_event_times(ctx, df, column).await?;
+                    event_times = stats;
+                    df
                 }
                 Transform::Fn(f) => {
                     f(df).map_err(|e| Error::datafusion("the DataFrame transform", e))?
@@ -668,7 +645,7 @@ impl Runner {
                 }
             };
         }
-        Ok(df)
+        Ok((df, event_times))
     }
 
     fn report(
@@ -750,6 +727,19 @@ impl Runner {
         }
         self.shared.push_progress(progress);
     }
+}
+
+/// What a batch's steps 3-5 gave.
+struct Ran {
+    /// Input rows.
+    rows: u64,
+    metrics: Arc<SinkMetrics>,
+    /// The stateful operators' progress entries.
+    state_operators: Vec<serde_json::Value>,
+    /// The watermark for the next batch (`nextBatchWatermarkMs`).
+    next_watermark: i64,
+    /// Spark's `eventTime` entry (empty without a watermark).
+    event_time: BTreeMap<String, String>,
 }
 
 /// When a batch ran, for its progress report.

@@ -296,22 +296,20 @@ fn top_one(
             .map(|e| e.evaluate(b).and_then(|v| v.into_array(b.num_rows())))
             .collect::<DfResult<Vec<ArrayRef>>>()
     };
-    let key_types = eval(first, &mut keys.iter().map(|k| &k.expr))?;
-    let key_conv = RowConverter::new(
-        key_types
+    let input = first.schema();
+    let converter = |exprs: &[PhysicalSortExpr]| -> DfResult<RowConverter> {
+        let fields = exprs
             .iter()
-            .zip(keys)
-            .map(|(a, k)| SortField::new_with_options(a.data_type().clone(), k.options))
-            .collect(),
-    )?;
-    let order_types = eval(first, &mut order.iter().map(|o| &o.expr))?;
-    let order_conv = RowConverter::new(
-        order_types
-            .iter()
-            .zip(order)
-            .map(|(a, o)| SortField::new_with_options(a.data_type().clone(), o.options))
-            .collect(),
-    )?;
+            .map(|e| {
+                Ok(SortField::new_with_options(
+                    e.expr.data_type(&input)?,
+                    e.options,
+                ))
+            })
+            .collect::<DfResult<Vec<_>>>()?;
+        Ok(RowConverter::new(fields)?)
+    };
+    let (key_conv, order_conv) = (converter(keys)?, converter(order)?);
     // key -> the best row so far.
     let mut best: HashMap<Box<[u8]>, Pick> = HashMap::new();
     for (bi, b) in batches.iter().enumerate() {
@@ -400,25 +398,36 @@ mod tests {
         (lines, shown)
     }
 
+    /// A session with `target` partitions, with or without the rule, whose `batch` holds
+    /// `parts`.
+    fn session(target: usize, rule: bool, parts: Vec<Vec<RecordBatch>>) -> SessionContext {
+        let mut state = SessionStateBuilder::new()
+            .with_config(SessionConfig::new().with_target_partitions(target))
+            .with_default_features();
+        if rule {
+            state = state.with_physical_optimizer_rule(Arc::new(TopOnePerKey));
+        }
+        let ctx = SessionContext::new_with_state(state.build());
+        let t = datafusion::datasource::MemTable::try_new(batch(0, 1).schema(), parts).unwrap();
+        ctx.register_table("batch", Arc::new(t)).unwrap();
+        ctx
+    }
+
+    /// The rows of `sql` as a table, in the order the query gives them.
+    async fn in_order(ctx: &SessionContext, sql: &str) -> String {
+        let rows = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        datafusion::arrow::util::pretty::pretty_format_batches(&rows)
+            .unwrap()
+            .to_string()
+    }
+
     /// The seed's newest-per-key query gives the same rows with the rule as with the sort
     /// and window, over NULL keys, NULL orderings, ties broken by the other columns, and
     /// several input partitions; and the plan shows the rule fired.
     #[tokio::test]
     async fn newest_per_key_equals_the_window_plan() {
-        let config = SessionConfig::new().with_target_partitions(3);
-        let with = SessionContext::new_with_state(
-            SessionStateBuilder::new()
-                .with_config(config.clone())
-                .with_default_features()
-                .with_physical_optimizer_rule(Arc::new(TopOnePerKey))
-                .build(),
-        );
-        let without = SessionContext::new_with_config(config);
-        for ctx in [&with, &without] {
-            let parts = (0..3).map(|i| vec![batch(i, 700)]).collect();
-            let t = datafusion::datasource::MemTable::try_new(batch(0, 1).schema(), parts).unwrap();
-            ctx.register_table("batch", Arc::new(t)).unwrap();
-        }
+        let three = || (0..3).map(|i| vec![batch(i, 700)]).collect();
+        let (with, without) = (session(3, true, three()), session(3, false, three()));
         for sql in [
             "SELECT k, t, s, a FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC NULLS LAST, s DESC NULLS LAST, a DESC NULLS LAST) AS rn FROM batch) WHERE rn = 1",
             "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY k, s ORDER BY t ASC NULLS FIRST, a DESC) AS rn FROM batch) WHERE 1 = rn",
@@ -432,30 +441,10 @@ mod tests {
         }
         // A global order, which the window's sort may have given: still in order.
         let sql = "SELECT k, t FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC, s DESC, a DESC) AS rn FROM batch) WHERE rn = 1 ORDER BY k";
-        let got = with.sql(sql).await.unwrap().collect().await.unwrap();
-        let want = without.sql(sql).await.unwrap().collect().await.unwrap();
-        assert_eq!(
-            datafusion::arrow::util::pretty::pretty_format_batches(&got)
-                .unwrap()
-                .to_string(),
-            datafusion::arrow::util::pretty::pretty_format_batches(&want)
-                .unwrap()
-                .to_string()
-        );
+        assert_eq!(in_order(&with, sql).await, in_order(&without, sql).await);
         // weir's batches: one partition in, two target partitions (the default).
-        let two = SessionContext::new_with_state(
-            SessionStateBuilder::new()
-                .with_config(SessionConfig::new().with_target_partitions(2))
-                .with_default_features()
-                .with_physical_optimizer_rule(Arc::new(TopOnePerKey))
-                .build(),
-        );
-        let t = datafusion::datasource::MemTable::try_new(
-            batch(0, 1).schema(),
-            vec![vec![batch(5, 900)]],
-        )
-        .unwrap();
-        two.register_table("batch", Arc::new(t)).unwrap();
+        let one = || vec![vec![batch(5, 900)]];
+        let (two, plain) = (session(2, true, one()), session(2, false, one()));
         let (_, plan) = run(
             &two,
             "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC) AS rn FROM batch) WHERE rn = 1",
@@ -463,24 +452,8 @@ mod tests {
         .await;
         assert!(plan.contains("TopOnePerKeyExec"), "{plan}");
         // The window's order may be all that orders the result: still in order.
-        let plain = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
-        let t = datafusion::datasource::MemTable::try_new(
-            batch(0, 1).schema(),
-            vec![vec![batch(5, 900)]],
-        )
-        .unwrap();
-        plain.register_table("batch", Arc::new(t)).unwrap();
         let sql = "SELECT k, t FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC, s DESC, a DESC) AS rn FROM batch) WHERE rn = 1 ORDER BY k NULLS LAST";
-        let got = two.sql(sql).await.unwrap().collect().await.unwrap();
-        let want = plain.sql(sql).await.unwrap().collect().await.unwrap();
-        assert_eq!(
-            datafusion::arrow::util::pretty::pretty_format_batches(&got)
-                .unwrap()
-                .to_string(),
-            datafusion::arrow::util::pretty::pretty_format_batches(&want)
-                .unwrap()
-                .to_string()
-        );
+        assert_eq!(in_order(&two, sql).await, in_order(&plain, sql).await);
         // Not this shape: left to DataFusion.
         let (_, plan) = run(
             &with,

@@ -439,6 +439,19 @@ impl OperatorMetadata {
         }
     }
 
+    /// The metadata of operator `operator_id` under `state_root`, if it was written.
+    pub async fn read(state_root: &Location, operator_id: u32) -> Result<Option<Self>> {
+        let dir = state_root.join(&format!("{operator_id}/_metadata"));
+        match read_line(&dir, "metadata").await? {
+            Some(line) => Self::parse(&dir.describe("metadata"), &line).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn parse(path: &str, line: &str) -> Result<Self> {
+        crate::checkpoint::log::parse_line(path, 2, line)
+    }
+
     /// Writes this as operator `operator_info.operator_id`'s metadata under `state_root`
     /// (the checkpoint's `state` folder) the first time; later, refuses a query whose
     /// operator or number of partitions differs from what the state was written with.
@@ -451,7 +464,7 @@ impl OperatorMetadata {
             return Ok(());
         };
         let path = dir.describe("metadata");
-        let found: OperatorMetadata = crate::checkpoint::log::parse_line(&path, 2, &line)?;
+        let found = Self::parse(&path, &line)?;
         if found != *self {
             return Err(Error::Config {
                 key: "state".into(),
@@ -483,11 +496,21 @@ pub(crate) async fn write_line_once(
     if let crate::storage::WriteOutcome::Written = dir.put_new(name, bytes).await? {
         return Ok(None);
     }
+    read_line(dir, name)
+        .await?
+        .map(Some)
+        .ok_or_else(|| Error::CorruptState {
+            path: dir.describe(name),
+            reason: "it vanished while being read".into(),
+        })
+}
+
+/// The line a file written by [`write_line_once`] holds, if there is one.
+async fn read_line(dir: &Location, name: &str) -> Result<Option<String>> {
+    let Some(found) = dir.get(name).await? else {
+        return Ok(None);
+    };
     let path = dir.describe(name);
-    let found = dir.get(name).await?.ok_or_else(|| Error::CorruptState {
-        path: path.clone(),
-        reason: "it vanished while being read".into(),
-    })?;
     let lines = crate::checkpoint::log::parse_versioned(&found, &path, 1, "state metadata")?;
     Ok(Some(lines.into_iter().next().unwrap_or_default()))
 }

@@ -27,7 +27,6 @@ use datafusion::arrow::array::{ArrayRef, Int64Array, TimestampMicrosecondArray, 
 use datafusion::arrow::compute::{concat_batches, take};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::datasource::MemTable;
 use datafusion::functions_aggregate::expr_fn::{count, max, min, sum};
 use datafusion::logical_expr::{Expr, cast, lit};
 use datafusion::prelude::{DataFrame, SessionContext, ident};
@@ -35,7 +34,7 @@ use datafusion::scalar::ScalarValue;
 
 use super::keys::{decode_value, encode_scalar, encode_value, family};
 use super::watermark::{self, EventTime};
-use super::{OperatorMetrics, OperatorState, collect_in_order, key_columns, key_families};
+use super::{OperatorMetrics, OperatorState, collect_in_order, frame, key_columns, key_families};
 use crate::error::{Error, Result};
 
 /// The setting errors name (the pipeline file's spelling; `aggregate` in the API).
@@ -215,27 +214,51 @@ impl Aggregation {
 
     /// Checks the columns against the operator's input schema.
     pub(crate) fn check_columns(&self, schema: &Schema) -> Result<()> {
-        let exprs = self.validate()?;
-        let groups = key_columns_or_none(schema, &self.group_by)?;
-        key_families(schema, &groups, KEY)?;
-        if let Some(w) = &self.window {
-            let i = key_columns(schema, std::slice::from_ref(&w.column), KEY)?[0];
-            watermark::check_type(&w.column, schema.field(i).data_type()).map_err(|_| {
-                Error::config(
-                    KEY,
-                    format!(
-                        "the window column `{}` has type {}; it must be a timestamp",
-                        w.column,
-                        schema.field(i).data_type()
-                    ),
-                )
-            })?;
-        }
-        for e in &exprs {
-            e.input_type(schema)?;
-        }
-        Ok(())
+        self.resolve(schema, &self.validate()?).map(|_| ())
     }
+
+    /// Where the aggregation's columns are in `schema`, checked.
+    fn resolve(&self, schema: &Schema, exprs: &[AggExpr]) -> Result<Columns> {
+        let groups = key_columns_or_none(schema, &self.group_by)?;
+        let families = key_families(schema, &groups, KEY)?;
+        let window = match &self.window {
+            Some(w) => {
+                let i = key_columns(schema, std::slice::from_ref(&w.column), KEY)?[0];
+                let DataType::Timestamp(_, tz) = schema.field(i).data_type() else {
+                    return Err(Error::config(
+                        KEY,
+                        format!(
+                            "the window column `{}` has type {}; it must be a timestamp",
+                            w.column,
+                            schema.field(i).data_type()
+                        ),
+                    ));
+                };
+                Some((i, micros_of(w.size), micros_of(w.slide), tz.clone()))
+            }
+            None => None,
+        };
+        let inputs = exprs
+            .iter()
+            .map(|e| e.input_type(schema))
+            .collect::<Result<_>>()?;
+        Ok(Columns {
+            groups,
+            families,
+            window,
+            inputs,
+        })
+    }
+}
+
+/// The aggregation's columns in a batch's schema.
+struct Columns {
+    groups: Vec<usize>,
+    families: Vec<String>,
+    /// The window column's index, size and slide (µs) and time zone.
+    window: Option<(usize, i64, i64, Option<Arc<str>>)>,
+    /// Each aggregate's input type (`None`: count(*)).
+    inputs: Vec<Option<DataType>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -454,20 +477,12 @@ impl Aggregate {
         event: Option<&EventTime>,
     ) -> Result<DataFrame> {
         let schema = Arc::new(df.schema().as_arrow().clone());
-        self.spec.check_columns(&schema)?;
-        let groups = key_columns_or_none(&schema, &self.spec.group_by)?;
-        let families = key_families(&schema, &groups, KEY)?;
-        let window = match &self.spec.window {
-            Some(w) => {
-                let i = key_columns(&schema, std::slice::from_ref(&w.column), KEY)?[0];
-                let tz = match schema.field(i).data_type() {
-                    DataType::Timestamp(_, tz) => tz.clone(),
-                    _ => None,
-                };
-                Some((i, micros_of(w.size), micros_of(w.slide), tz))
-            }
-            None => None,
-        };
+        let Columns {
+            groups,
+            families,
+            window,
+            inputs,
+        } = self.spec.resolve(&schema, &self.exprs)?;
         let event = match event {
             Some(e) => e.index_in(&schema)?.map(|i| (e, i)),
             None => None,
@@ -491,14 +506,9 @@ impl Aggregate {
         if self.spec.output_mode == OutputMode::Append && expiry.is_none() {
             return Err(Error::config(KEY, APPEND_NEEDS));
         }
-        let inputs: Vec<Option<DataType>> = self
-            .exprs
-            .iter()
-            .map(|e| e.input_type(&schema))
-            .collect::<Result<_>>()?;
-        let description = serde_json::json!({
-            "groupBy": self.spec.group_by.iter().zip(&families)
-                .map(|(k, f)| serde_json::json!({"name": k, "type": f})).collect::<Vec<_>>(),
+        let description = || {
+            serde_json::json!({
+            "groupBy": super::columns_json(&self.spec.group_by, &families),
             "window": self.spec.window.as_ref().map(|w| serde_json::json!({
                 "column": w.column, "sizeMs": w.size.as_millis() as u64,
                 "slideMs": w.slide.as_millis() as u64})),
@@ -509,8 +519,9 @@ impl Aggregate {
             // A state kept for one mode is not what another needs (update evicts windows
             // complete would still show).
             "outputMode": format!("{:?}", self.spec.output_mode).to_ascii_lowercase(),
-        })
-        .to_string();
+            })
+            .to_string()
+        };
         self.op
             .prepare(batch_id, OPERATOR_NAME, "aggregation", description, KEY)
             .await?;
@@ -832,10 +843,7 @@ impl Aggregate {
         let out_schema = Arc::new(Schema::new(fields));
         let batch = RecordBatch::try_new(out_schema.clone(), cols)
             .map_err(|e| Error::datafusion(KEY, e.into()))?;
-        let table = MemTable::try_new(out_schema, vec![vec![batch]])
-            .map_err(|e| Error::datafusion(KEY, e))?;
-        ctx.read_table(Arc::new(table))
-            .map_err(|e| Error::datafusion(KEY, e))
+        frame(ctx, out_schema, vec![vec![batch]], KEY)
     }
 }
 

@@ -25,16 +25,14 @@ mod keys;
 mod watermark;
 
 pub use aggregate::{Aggregation, OutputMode};
-pub(crate) use watermark::{
-    EventTime, EventTimeStats, KEY as WATERMARK_KEY, check_type as check_event_type, iso,
-};
+pub(crate) use watermark::{EventTime, EventTimeStats, iso, observe as observe_event_times};
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray};
 use datafusion::arrow::compute::filter_record_batch;
-use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{DataFrame, SessionContext};
@@ -145,26 +143,20 @@ impl Operator {
 /// another operator (one added before it, or a different one in its place), without
 /// writing anything.
 async fn check_operator_name(state_root: &Location, operator: u32, name: &str) -> Result<()> {
-    let dir = state_root.join(&format!("{operator}/_metadata"));
-    let Some(bytes) = dir.get("metadata").await? else {
-        return Ok(());
-    };
-    let path = dir.describe("metadata");
-    let lines = crate::checkpoint::log::parse_versioned(&bytes, &path, 1, "state metadata")?;
-    let line = lines.first().cloned().unwrap_or_default();
-    let found: OperatorMetadata = crate::checkpoint::log::parse_line(&path, 2, &line)?;
-    if found.operator_info.operator_name == name {
-        return Ok(());
+    match OperatorMetadata::read(state_root, operator).await? {
+        Some(found) if found.operator_info.operator_name != name => Err(Error::Config {
+            key: "state".into(),
+            reason: format!(
+                "the checkpoint's state for stateful operator {operator} was written by {} \
+                 ({}); this query has {name} there: stateful operators cannot be added, \
+                 removed or reordered on the same checkpoint; start the query on a new \
+                 checkpoint",
+                found.operator_info.operator_name,
+                state_root.describe(&format!("{operator}/_metadata/metadata"))
+            ),
+        }),
+        _ => Ok(()),
     }
-    Err(Error::Config {
-        key: "state".into(),
-        reason: format!(
-            "the checkpoint's state for stateful operator {operator} was written by {} \
-             ({path}); this query has {name} there: stateful operators cannot be added, \
-             removed or reordered on the same checkpoint; start the query on a new checkpoint",
-            found.operator_info.operator_name
-        ),
-    })
 }
 
 impl Operator {
@@ -213,18 +205,18 @@ impl OperatorState {
     }
 
     /// Checks (once per process) and records what the state is written with: Spark's
-    /// operator metadata, and `description` as `_metadata/<file>`; then loads version
-    /// `batch_id`. `key` is the setting errors name.
+    /// operator metadata, and what `description` gives as `_metadata/<file>`; then loads
+    /// version `batch_id`. `key` is the setting errors name.
     async fn prepare(
         &mut self,
         batch_id: u64,
         name: &str,
         file: &str,
-        description: String,
+        description: impl FnOnce() -> String,
         key: &str,
     ) -> Result<()> {
         if !self.checked {
-            self.check_metadata(batch_id, name, file, description, key)
+            self.check_metadata(batch_id, name, file, description(), key)
                 .await?;
             self.checked = true;
         }
@@ -259,7 +251,6 @@ impl OperatorState {
         let meta_dir = self
             .state_root
             .join(&format!("{}/_metadata", self.operator));
-        check_operator_name(&self.state_root, self.operator, name).await?;
         if batch_id > 0 && meta_dir.get(file).await?.is_none() {
             return Err(Error::config(
                 key,
@@ -366,17 +357,7 @@ impl Dedupe {
         let schema = Arc::new(df.schema().as_arrow().clone());
         let columns = key_columns(&schema, &self.keys, key)?;
         let families = key_families(&schema, &columns, key)?;
-        let keys_json = serde_json::to_string(
-            &self
-                .keys
-                .iter()
-                .zip(&families)
-                .map(|(k, f)| serde_json::json!({"name": k, "type": f}))
-                .collect::<Vec<_>>(),
-        )
-        .map_err(|e| Error::Internal {
-            what: format!("encoding the key columns: {e}"),
-        })?;
+        let keys_json = || serde_json::Value::from(columns_json(&self.keys, &families)).to_string();
         self.op
             .prepare(batch_id, self.mode.name(), "keys", keys_json, key)
             .await?;
@@ -466,22 +447,46 @@ impl Dedupe {
             }
             self.metrics.remove_ms = started.elapsed().as_millis() as u64;
         }
-        let table = MemTable::try_new(schema, vec![kept]).map_err(|e| Error::datafusion(key, e))?;
-        ctx.read_table(Arc::new(table))
-            .map_err(|e| Error::datafusion(key, e))
+        frame(ctx, schema, vec![kept], key)
     }
 }
 
 /// The batch's rows, partition by partition in order: the batch holds its files in the
 /// order the source took them, so the first row of a key is the same on every attempt.
 async fn collect_in_order(df: DataFrame, batch_id: u64, key: &str) -> Result<Vec<RecordBatch>> {
-    Ok(df
-        .collect_partitioned()
-        .await
-        .map_err(|e| Error::datafusion(format!("batch {batch_id}: {key}"), e))?
+    Ok(collect_partitions(df, &format!("batch {batch_id}: {key}"))
+        .await?
         .into_iter()
         .flatten()
         .collect())
+}
+
+/// The rows of `df`, by partition; errors say they came from `what`.
+async fn collect_partitions(df: DataFrame, what: &str) -> Result<Vec<Vec<RecordBatch>>> {
+    df.collect_partitioned()
+        .await
+        .map_err(|e| Error::datafusion(what, e))
+}
+
+/// Rows held in memory as a DataFrame (a step's output); errors name the setting `key`.
+fn frame(
+    ctx: &SessionContext,
+    schema: SchemaRef,
+    parts: Vec<Vec<RecordBatch>>,
+    key: &str,
+) -> Result<DataFrame> {
+    let table = MemTable::try_new(schema, parts).map_err(|e| Error::datafusion(key, e))?;
+    ctx.read_table(Arc::new(table))
+        .map_err(|e| Error::datafusion(key, e))
+}
+
+/// Key columns as their state records them: `[{"name": .., "type": <family>}, ..]`.
+fn columns_json(names: &[String], families: &[String]) -> Vec<serde_json::Value> {
+    names
+        .iter()
+        .zip(families)
+        .map(|(k, f)| serde_json::json!({"name": k, "type": f}))
+        .collect()
 }
 
 /// The [`family`] of each of `columns`; an error naming a column that cannot be a key.

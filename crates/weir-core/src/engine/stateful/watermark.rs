@@ -17,6 +17,8 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Schema, TimeUnit, TimestampMicrosecondType};
 use datafusion::arrow::record_batch::RecordBatch;
 
+use datafusion::prelude::{DataFrame, SessionContext};
+
 use crate::error::{Error, Result};
 
 /// The setting errors name (the pipeline file's spelling; `with_watermark` in the API).
@@ -82,6 +84,29 @@ pub(crate) fn micros(col: &ArrayRef) -> Result<Vec<Option<i64>>> {
     Ok((0..us.len())
         .map(|i| (!us.is_null(i)).then(|| us.value(i)))
         .collect())
+}
+
+/// The watermark step: the batch's event times in `column`, and the batch, read once
+/// (the steps after it read the same rows).
+pub(crate) async fn observe(
+    ctx: &SessionContext,
+    df: DataFrame,
+    column: &str,
+) -> Result<(DataFrame, EventTimeStats)> {
+    let schema = df.schema().inner().clone();
+    let i = schema.index_of(column).map_err(|_| {
+        Error::config(
+            KEY,
+            format!("no column `{column}` in the batch at the watermark"),
+        )
+    })?;
+    check_type(column, schema.field(i).data_type())?;
+    let parts = super::collect_partitions(df, "the watermark").await?;
+    let mut stats = EventTimeStats::default();
+    for p in &parts {
+        stats.observe(p, i)?;
+    }
+    Ok((super::frame(ctx, schema, parts, KEY)?, stats))
 }
 
 /// The event times of one batch, in ms (Spark's `EventTimeStats`).
