@@ -2,7 +2,7 @@
 
 use weir_testkit::{rows, run_weir, temp_dir};
 
-use crate::{bin, gen_orders, pipeline};
+use crate::{bin, gen_orders, pipeline, run_to_end};
 
 #[test]
 fn bad_pipelines_are_refused_naming_the_key() {
@@ -245,23 +245,7 @@ async fn the_readme_stateful_pipeline_runs_as_written() {
     );
     assert!(out.status.success());
     let prog = dir.path().join("progress.jsonl");
-    let out = run_weir(
-        &bin(),
-        &[
-            "run",
-            p.to_str().unwrap(),
-            "--progress",
-            prog.to_str().unwrap(),
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(&prog).unwrap();
-    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let last = run_to_end(&p, &prog);
     assert_eq!(
         last["numInputRows"], 0,
         "it ends with a no-data batch: {last}"

@@ -9,27 +9,15 @@ use weir_core::sink::PARQUET_POINTS;
 use weir_testkit::{parquet_rows, rows, run_weir, temp_dir};
 
 use crate::{
-    SCHEMA, bin, gen_orders, gen_orders_from, input_rows, pipeline, progress_batches,
-    weir_cli_schema,
+    SCHEMA, bin, gen_orders, gen_orders_from, input_rows, last_progress, pipeline,
+    progress_batches, run_to_end, run_with_progress, weir_cli_schema,
 };
 
 /// Runs the pipeline `p` with a kill at `point` in batch 2 (the run must fail there, saying
 /// so), then again to its end (which must succeed); their progress lines go to `first` and
 /// `second`.
 fn killed_in_batch_2_then_rerun(p: &Path, point: &str, first: &Path, second: &Path) {
-    let run = |progress: &Path, fault: Option<&str>| {
-        run_weir(
-            &bin(),
-            &[
-                "run",
-                p.to_str().unwrap(),
-                "--progress",
-                progress.to_str().unwrap(),
-            ],
-            fault,
-        )
-    };
-    let out = run(first, Some(&format!("{point}@2")));
+    let out = run_with_progress(p, first, Some(&format!("{point}@2")));
     assert!(
         !out.status.success(),
         "{point}: the fault must kill the run"
@@ -39,7 +27,7 @@ fn killed_in_batch_2_then_rerun(p: &Path, point: &str, first: &Path, second: &Pa
         stderr.contains(&format!("fault point {point} reached in batch 2")),
         "{point}: {stderr}"
     );
-    let out = run(second, None);
+    let out = run_with_progress(p, second, None);
     assert!(
         out.status.success(),
         "{point}: {}",
@@ -132,14 +120,7 @@ async fn a_kill_around_the_state_commit_passes_each_key_once_from_its_first_batc
                 "{point}: {row} is not from the first batch with key {key}"
             );
         }
-        let last: serde_json::Value = serde_json::from_str(
-            std::fs::read_to_string(&prog)
-                .unwrap()
-                .lines()
-                .last()
-                .unwrap(),
-        )
-        .unwrap();
+        let last = last_progress(&prog);
         let op = &last["stateOperators"][0];
         assert_eq!(op["operatorName"], "dedupe", "{point}: {last}");
         assert_eq!(op["numRowsTotal"], first.len() as u64, "{point}: {last}");
@@ -494,8 +475,7 @@ async fn a_kill_around_the_state_commit_leaves_windowed_counts_equal_to_a_clean_
         (parquet_rows(&dir.join("out"), &cols).await, delta)
     };
     let last_state = |prog: &Path| {
-        let text = std::fs::read_to_string(prog).unwrap();
-        let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        let last = last_progress(prog);
         (
             last["stateOperators"][0]["numRowsTotal"].clone(),
             last["eventTime"]["watermark"].clone(),
@@ -505,21 +485,7 @@ async fn a_kill_around_the_state_commit_leaves_windowed_counts_equal_to_a_clean_
     gen_orders(&clean.path().join("in"), 5, 40, 30);
     let p = pipeline(clean.path(), BODY);
     let prog = clean.path().join("progress.jsonl");
-    let out = run_weir(
-        &bin(),
-        &[
-            "run",
-            p.to_str().unwrap(),
-            "--progress",
-            prog.to_str().unwrap(),
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_to_end(&p, &prog);
     let (want_pq, want_delta) = outputs(clean.path().to_path_buf()).await;
     let want_state = last_state(&prog);
     // Windows of 1 s over 20 s of orders, 4 statuses: many windows, each updated more than

@@ -92,6 +92,37 @@ max-files-per-trigger = 1
     p
 }
 
+/// Runs `weir run p --progress progress` (with `WEIR_FAULT=fault`, if any).
+pub fn run_with_progress(p: &Path, progress: &Path, fault: Option<&str>) -> std::process::Output {
+    run_weir(
+        &bin(),
+        &[
+            "run",
+            p.to_str().unwrap(),
+            "--progress",
+            progress.to_str().unwrap(),
+        ],
+        fault,
+    )
+}
+
+/// Runs `p` to its end (it must succeed); its last progress report.
+pub fn run_to_end(p: &Path, progress: &Path) -> serde_json::Value {
+    let out = run_with_progress(p, progress, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    last_progress(progress)
+}
+
+/// The last line of a progress file.
+pub fn last_progress(progress: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(progress).unwrap();
+    serde_json::from_str(text.lines().last().unwrap()).unwrap()
+}
+
 pub async fn input_rows(input: &Path) -> Vec<String> {
     let ctx = SessionContext::new();
     let schema = weir_cli_schema();

@@ -513,6 +513,13 @@ async fn drop_duplicates_on_the_event_time_evicts_keys_the_watermark_passed() {
     assert_eq!(late, dropped);
 }
 
+/// An update-mode aggregation.
+fn update(aggregates: &[&str], groups: &[&str]) -> Aggregation {
+    Aggregation::new(aggregates.iter().copied())
+        .group_by(groups.iter().copied())
+        .output_mode(OutputMode::Update)
+}
+
 #[tokio::test]
 async fn stateful_settings_are_refused_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();
@@ -552,32 +559,11 @@ async fn stateful_settings_are_refused_before_anything_runs() {
         err.contains("transform.aggregate") && err.contains("median"),
         "{err}"
     );
-    let err = start(|f| {
-        f.aggregate(
-            Aggregation::new(["sum(k)"])
-                .group_by(["v"])
-                .output_mode(OutputMode::Update),
-        )
-    })
-    .await;
+    let err = start(|f| f.aggregate(update(&["sum(k)"], &["v"]))).await;
     assert!(err.contains("sum(k) cannot take column `k`"), "{err}");
-    let err = start(|f| {
-        f.aggregate(
-            Aggregation::new(["count(*)"])
-                .group_by(["kk"])
-                .output_mode(OutputMode::Update),
-        )
-    })
-    .await;
+    let err = start(|f| f.aggregate(update(&["count(*)"], &["kk"]))).await;
     assert!(err.contains("no column `kk`"), "{err}");
-    let err = start(|f| {
-        f.aggregate(
-            Aggregation::new(["count(*)"])
-                .group_by(["k", "k"])
-                .output_mode(OutputMode::Update),
-        )
-    })
-    .await;
+    let err = start(|f| f.aggregate(update(&["count(*)"], &["k", "k"]))).await;
     assert!(err.contains("`k` is twice"), "{err}");
     // Append needs a watermark it can close groups by; dedupe within one needs one.
     let err = start(|f| f.aggregate(Aggregation::new(["count(*)"]).group_by(["k"]))).await;
