@@ -16,11 +16,11 @@ from pyspark.sql import functions as F
 SCHEMA = "order_id BIGINT, status STRING, amount DOUBLE, updated_at TIMESTAMP"
 
 
-def main():
-    input_dir, work, per_trigger, progress_file = sys.argv[1:5]
+def session(app):
+    """local[2] with the settings both bench jobs use."""
     spark = (
         SparkSession.builder.master("local[2]")
-        .appName("weir-bench")
+        .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         # 2 cores: 200 shuffle partitions would make every tiny batch pay for 200 tasks.
@@ -30,6 +30,23 @@ def main():
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def write_progress(query, progress_file):
+    """Every batch with input rows, as Spark's own progress JSON, one line each."""
+    with open(progress_file, "w") as f:
+        for p in query.recentProgress:
+            # PySpark 4 gives dict subclasses whose `json` property is Spark's own JSON.
+            raw = getattr(p, "json", None)
+            d = json.loads(raw() if callable(raw) else raw) if raw is not None else dict(p)
+            if d.get("numInputRows", 0) > 0:
+                f.write(json.dumps(d) + "\n")
+
+
+def main():
+    input_dir, work, per_trigger, progress_file = sys.argv[1:5]
+    spark = session("weir-bench")
 
     def newest_per_order(batch_df, batch_id):
         w = Window.partitionBy("order_id").orderBy(F.col("updated_at").desc())
@@ -46,13 +63,7 @@ def main():
         .start()
     )
     query.awaitTermination()
-    with open(progress_file, "w") as f:
-        for p in query.recentProgress:
-            # PySpark 4 gives dict subclasses whose `json` property is Spark's own JSON.
-            raw = getattr(p, "json", None)
-            d = json.loads(raw() if callable(raw) else raw) if raw is not None else dict(p)
-            if d.get("numInputRows", 0) > 0:
-                f.write(json.dumps(d) + "\n")
+    write_progress(query, progress_file)
     spark.stop()
 
 

@@ -48,13 +48,18 @@ format = "json"
 schema = ["order_id bigint", "status string", "amount double", "updated_at timestamp"]
 max-files-per-trigger = {per_trigger}
 
-[transform]
-sql = "SELECT order_id, status, amount, updated_at FROM (SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn FROM batch) WHERE rn = 1"
+{transform}
 
 [[sink]]
 type = "parquet"
 path = "{work}/out"
 """
+
+NEWEST_PER_ORDER = (
+    '[transform]\nsql = "SELECT order_id, status, amount, updated_at FROM (SELECT *, '
+    'row_number() OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn FROM batch) '
+    'WHERE rn = 1"'
+)
 
 
 def tree_rss_kb(pid):
@@ -134,6 +139,7 @@ def run_weir(weir, data, runs, name, w, i):
     work.mkdir(parents=True)
     toml = work / "pipeline.toml"
     toml.write_text(PIPELINE.format(name=name, work=work, input=data / name,
+                                    transform=NEWEST_PER_ORDER,
                                     per_trigger=w["per_trigger"]))
     progress = work / "progress.jsonl"
     launch, wall, rss = run_measured(

@@ -10,18 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-command -v java >/dev/null || { echo "java (17 or newer) is needed for Spark" >&2; exit 1; }
-venv=bench/.venv
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-"$venv/bin/python" -c "import pyspark" 2>/dev/null || "$venv/bin/pip" install --quiet "pyspark==4.3.0"
-
-if [ -z "${WEIR_BIN:-}" ]; then
-  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/root/.cache/weir-target-release}"
-  cargo build --release --locked -p weir-cli
-  WEIR_BIN="$CARGO_TARGET_DIR/release/weir"
-fi
+. bench/setup.sh
 
 exec python3 bench/spark_vs_weir.py --weir "$WEIR_BIN" --python "$venv/bin/python" \
   --write BENCHMARKS.md --command "bench/spark_vs_weir.sh${*:+ $*}" "$@"

@@ -30,30 +30,11 @@ HERE = Path(__file__).resolve().parent
 WORKLOAD = dict(files=200, rows_per_file=10_000, keys=500_000, per_trigger=20)
 AGREE = dict(files=20, rows_per_file=5_000, keys=20_000, per_trigger=1)
 
-PIPELINE = """[query]
-name = "bench-{kind}"
-checkpoint = "{work}/checkpoint"
-trigger = "available-now"
 
-[source]
-type = "files"
-path = "{input}"
-format = "json"
-schema = ["order_id bigint", "status string", "amount double", "updated_at timestamp"]
-max-files-per-trigger = {per_trigger}
-
-[transform]
-with-watermark = {{ column = "updated_at", delay = "10 minutes" }}
-{step}
-
-[[sink]]
-type = "parquet"
-path = "{work}/out"
-"""
-
+WATERMARK = '[transform]\nwith-watermark = { column = "updated_at", delay = "10 minutes" }\n'
 STEPS = {
-    "dedupe": 'drop-duplicates-within-watermark = ["order_id"]',
-    "window": '[transform.aggregate]\ngroup-by = ["status"]\n'
+    "dedupe": WATERMARK + 'drop-duplicates-within-watermark = ["order_id"]',
+    "window": WATERMARK + '\n[transform.aggregate]\ngroup-by = ["status"]\n'
               'window = { column = "updated_at", size = "1 minute" }\n'
               'aggregates = ["count(*) AS n"]\noutput-mode = "update"',
 }
@@ -91,8 +72,9 @@ def run(engine, a, data, runs, kind, i, w=WORKLOAD):
     progress = work / "progress.jsonl"
     if engine == "weir":
         toml = work / "pipeline.toml"
-        toml.write_text(PIPELINE.format(kind=kind, work=work, input=data,
-                                        per_trigger=w["per_trigger"], step=STEPS[kind]))
+        toml.write_text(base.PIPELINE.format(name=kind, work=work, input=data,
+                                             per_trigger=w["per_trigger"],
+                                             transform=STEPS[kind]))
         cmd = [a.weir, "run", toml, "--quiet", "--progress", progress]
     else:
         cmd = [a.python, HERE / "spark_stateful_job.py", kind, data, work,
