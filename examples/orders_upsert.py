@@ -33,6 +33,17 @@ SELECT order_id, status, amount, updated_at FROM (
 """
 
 
+def build_sinks(folder, url):
+    """The two writes of a batch, in order. Already deduplicated in the batch function: the
+    sinks need not do it again."""
+    silver = DeltaMerge(os.path.join(folder, "silver_orders"), keys=["order_id"],
+                        ordering="updated_at", dedupe=False)
+    postgres = PostgresUpsert(url, "orders", keys=["order_id"], ordering="updated_at",
+                              dedupe=False, create_table=True,
+                              staging_table="orders_batch_staging", ledger="stream_batches")
+    return silver, postgres
+
+
 def main():
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--topic", default="orders")
@@ -55,12 +66,7 @@ def main():
         .schema("order_id BIGINT, status STRING, amount DOUBLE, updated_at TIMESTAMP")
         .load()
     )
-    # Already deduplicated in the batch function: the sinks need not do it again.
-    silver = DeltaMerge(os.path.join(a.dir, "silver_orders"), keys=["order_id"],
-                        ordering="updated_at", dedupe=False)
-    postgres = PostgresUpsert(url, "orders", keys=["order_id"], ordering="updated_at",
-                              dedupe=False, create_table=True,
-                              staging_table="orders_batch_staging", ledger="stream_batches")
+    silver, postgres = build_sinks(a.dir, url)
 
     def merge_latest(batch, batch_id):
         # 1-2. newest row per order, run once and cached for both sinks (persist/unpersist).

@@ -61,11 +61,22 @@ pub fn import_stream(
     // pointer is a valid FFI_ArrowArrayStream that we may move out of; `from_raw` moves it
     // and leaves a released (empty) stream behind, which the capsule's destructor ignores.
     // The capsule object is alive (held by `capsule`) during the call.
-    let reader = unsafe { ArrowArrayStreamReader::from_raw(ptr.as_ptr().cast()) }
-        .map_err(|e| error(py, "WeirError", format!("{what}: reading the Arrow stream: {e}")))?;
+    let reader = unsafe { ArrowArrayStreamReader::from_raw(ptr.as_ptr().cast()) }.map_err(|e| {
+        error(
+            py,
+            "WeirError",
+            format!("{what}: reading the Arrow stream: {e}"),
+        )
+    })?;
     let schema = reader.schema();
     let batches = py
         .detach(|| reader.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| error(py, "WeirError", format!("{what}: reading the Arrow stream: {e}")))?;
+        .map_err(|e| {
+            error(
+                py,
+                "WeirError",
+                format!("{what}: reading the Arrow stream: {e}"),
+            )
+        })?;
     Ok((schema, batches))
 }

@@ -57,11 +57,19 @@ impl Batch {
         })
     }
 
-    fn collect(&self, py: Python<'_>) -> PyResult<Vec<weir::datafusion::arrow::array::RecordBatch>> {
+    fn collect(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<Vec<weir::datafusion::arrow::array::RecordBatch>> {
         let frame = self.frame(py)?;
         let id = self.ctx.batch_id;
-        block_on(py, frame.collect())?
-            .map_err(|e| error(py, "WeirError", format!("batch {id}: reading the rows: {e}")))
+        block_on(py, frame.collect())?.map_err(|e| {
+            error(
+                py,
+                "WeirError",
+                format!("batch {id}: reading the rows: {e}"),
+            )
+        })
     }
 }
 
@@ -94,7 +102,11 @@ impl Batch {
     /// The column names.
     #[getter]
     fn columns(&self) -> Vec<String> {
-        self.schema.fields().iter().map(|f| f.name().clone()).collect()
+        self.schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
     }
 
     /// True for the result of `weir.cache(batch)` / `batch.cache()`.
@@ -125,8 +137,13 @@ impl Batch {
     fn count(&self, py: Python<'_>) -> PyResult<usize> {
         let frame = self.frame(py)?;
         let id = self.ctx.batch_id;
-        block_on(py, frame.count())?
-            .map_err(|e| error(py, "WeirError", format!("batch {id}: counting the rows: {e}")))
+        block_on(py, frame.count())?.map_err(|e| {
+            error(
+                py,
+                "WeirError",
+                format!("batch {id}: counting the rows: {e}"),
+            )
+        })
     }
 
     /// SQL over this batch, which the query sees as the table `batch`, run by weir's

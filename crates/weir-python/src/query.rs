@@ -120,7 +120,10 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
         .spec()
         .check(&env)
         .and_then(|()| source.spec().read_limit().map(|_| ()))
-        .and_then(|()| env.location("checkpointLocation", &spec.checkpoint).map(|_| ()))
+        .and_then(|()| {
+            env.location("checkpointLocation", &spec.checkpoint)
+                .map(|_| ())
+        })
         .map_err(|e| engine_error(py, &e))?;
     Ok(Parsed {
         source,
@@ -232,7 +235,11 @@ struct PythonFailure {
 
 impl std::fmt::Display for PythonFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the Python function raised:\n{}", self.traceback.trim_end())
+        write!(
+            f,
+            "the Python function raised:\n{}",
+            self.traceback.trim_end()
+        )
     }
 }
 
@@ -317,9 +324,11 @@ impl Query {
                 weir::sink::error_chain(e.as_ref())
             ),
         );
-        let cause = self.failure.lock().ok().and_then(|f| {
-            f.as_ref().map(|c| c.clone_ref(py))
-        });
+        let cause = self
+            .failure
+            .lock()
+            .ok()
+            .and_then(|f| f.as_ref().map(|c| c.clone_ref(py)));
         if let Some(cause) = cause {
             err.set_cause(py, Some(cause));
         }
@@ -379,11 +388,14 @@ impl Query {
     /// not committed and runs again on the next start).
     #[pyo3(signature = (timeout=None))]
     fn await_termination(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
-        let deadline = timeout.map(|t| std::time::Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        let deadline =
+            timeout.map(|t| std::time::Instant::now() + Duration::from_secs_f64(t.max(0.0)));
         let mut interrupted = false;
         loop {
             let slice = match deadline {
-                Some(d) => d.saturating_duration_since(std::time::Instant::now()).min(SIGNAL_POLL),
+                Some(d) => d
+                    .saturating_duration_since(std::time::Instant::now())
+                    .min(SIGNAL_POLL),
                 None => SIGNAL_POLL,
             };
             let q = self.query.clone();

@@ -20,7 +20,11 @@ pub fn handle(py: Python<'_>) -> PyResult<tokio::runtime::Handle> {
     });
     match rt {
         Ok(rt) => Ok(rt.handle().clone()),
-        Err(e) => Err(error(py, "WeirError", format!("starting the engine's runtime: {e}"))),
+        Err(e) => Err(error(
+            py,
+            "WeirError",
+            format!("starting the engine's runtime: {e}"),
+        )),
     }
 }
 
@@ -51,7 +55,11 @@ pub fn error(py: Python<'_>, class: &str, message: impl Into<String>) -> PyErr {
 /// An engine error as `weir.errors.ConfigError` (a bad setting) or `WeirError`, with its
 /// whole chain of causes.
 pub fn engine_error(py: Python<'_>, e: &(dyn std::error::Error + 'static)) -> PyErr {
-    let class = if is_config(e) { "ConfigError" } else { "WeirError" };
+    let class = if is_config(e) {
+        "ConfigError"
+    } else {
+        "WeirError"
+    };
     error(py, class, error_chain(e))
 }
 

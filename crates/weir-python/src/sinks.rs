@@ -35,8 +35,7 @@ pub struct Sink {
 }
 
 fn config<T: DeserializeOwned>(py: Python<'_>, kind: &str, json: &str) -> PyResult<T> {
-    serde_json::from_str(json)
-        .map_err(|e| error(py, "ConfigError", format!("{kind}: {e}")))
+    serde_json::from_str(json).map_err(|e| error(py, "ConfigError", format!("{kind}: {e}")))
 }
 
 fn build_env(py: Python<'_>, storage: &str, base: Option<String>) -> PyResult<BuildEnv> {
@@ -98,11 +97,13 @@ impl Sink {
             "parquet" => Box::new(config::<ParquetConfig>(py, kind, config_json)?),
             "delta-append" => Box::new(config::<DeltaAppendConfig>(py, kind, config_json)?),
             "delta-merge" => Box::new(config::<DeltaMergeConfig>(py, kind, config_json)?),
-            "postgres-upsert" => {
-                Box::new(config::<PostgresUpsertConfig>(py, kind, config_json)?)
-            }
+            "postgres-upsert" => Box::new(config::<PostgresUpsertConfig>(py, kind, config_json)?),
             other => {
-                return Err(error(py, "ConfigError", format!("'{other}' is not a sink kind")));
+                return Err(error(
+                    py,
+                    "ConfigError",
+                    format!("'{other}' is not a sink kind"),
+                ));
             }
         };
         let sink = spec.build(&env).map_err(|e| engine_error(py, &e))?;
@@ -145,16 +146,26 @@ impl Sink {
             error(
                 py,
                 "SinkError",
-                format!("{}: batch {batch_id}: {}", self.label, error_chain(e.as_ref())),
+                format!(
+                    "{}: batch {batch_id}: {}",
+                    self.label,
+                    error_chain(e.as_ref())
+                ),
             )
         })?;
         // As a fan-out records them: time and rows per sink in the batch's progress.
-        ctx.metrics
-            .record(&self.label, SinkMetric::DurationMs, started.elapsed().as_millis());
+        ctx.metrics.record(
+            &self.label,
+            SinkMetric::DurationMs,
+            started.elapsed().as_millis(),
+        );
         let rows_after = ctx.metrics.output_rows();
         if rows_after != rows_before {
-            ctx.metrics
-                .record(&self.label, SinkMetric::Rows, rows_after - rows_before.max(0));
+            ctx.metrics.record(
+                &self.label,
+                SinkMetric::Rows,
+                rows_after - rows_before.max(0),
+            );
         }
         Ok(())
     }
@@ -293,7 +304,10 @@ impl Ledger {
             return Err(error(
                 py,
                 "WeirError",
-                format!("{what}: called with batch_id {batch_id} for batch {}", ctx.batch_id),
+                format!(
+                    "{what}: called with batch_id {batch_id} for batch {}",
+                    ctx.batch_id
+                ),
             ));
         }
         // The statements are computed up front (with the GIL); a callable is asked only
@@ -319,9 +333,10 @@ impl Ledger {
                         for (sql, params) in &stmts {
                             let p: Vec<&(dyn ToSql + Sync)> =
                                 params.iter().map(Param::to_sql).collect();
-                            rows += tx.execute(sql.as_str(), &p).await.map_err(|e| {
-                                format!("`{sql}`: {}", error_chain(&e))
-                            })?;
+                            rows += tx
+                                .execute(sql.as_str(), &p)
+                                .await
+                                .map_err(|e| format!("`{sql}`: {}", error_chain(&e)))?;
                         }
                         Ok(rows)
                     }
