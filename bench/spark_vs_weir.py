@@ -2,7 +2,8 @@
 
 Called by bench/spark_vs_weir.sh (which makes the virtualenv with pyspark and builds weir).
 
-Two workloads, run alternately (weir, Spark, weir, Spark, ... for --rounds rounds):
+Two workloads, run alternately (weir, Spark, weir, Spark, ... for --rounds rounds; with
+--weir-python also the same job written in Python on the `weir` package, bench/weir_python_job.py):
 - fixed-cost: 50 files of 10 rows, maxFilesPerTrigger 1: the per-batch overhead.
 - throughput: 2,000,000 rows in 200 files (500,000 order ids), maxFilesPerTrigger 20.
 Query: file source (JSON) -> foreachBatch: newest row per order_id by a window -> Parquet.
@@ -160,6 +161,18 @@ def run_spark(python, data, runs, name, w, i):
     return dict(f, wall_s=wall, peak_rss_mb=rss)
 
 
+def run_weir_python(python, data, runs, name, w, i):
+    work = runs / f"weir-python-{name}-{i}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    progress = work / "progress.jsonl"
+    launch, wall, rss = run_measured(
+        [python, HERE / "weir_python_job.py", data / name, work, str(w["per_trigger"]), progress],
+        work / "log.txt")
+    f = figures(progress, launch, w["files"] * w["rows_per_file"])
+    return dict(f, wall_s=wall, peak_rss_mb=rss)
+
+
 def median_of(results, key):
     return statistics.median(r[key] for r in results)
 
@@ -180,6 +193,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weir", required=True)
     ap.add_argument("--python", required=True, help="the virtualenv's python with pyspark")
+    ap.add_argument("--weir-python", help="a python with the weir wheel: also run the Python job")
     ap.add_argument("--work", default="/tmp/weir-spark-bench")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--write", help="write the results to this Markdown file")
@@ -188,23 +202,26 @@ def main():
     work = Path(a.work)
     data, runs = work / "data", work / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    results = {(e, n): [] for e in ("weir", "spark") for n in WORKLOADS}
+    engines = ["weir"] + (["weir-python"] if a.weir_python else []) + ["spark"]
+    results = {(e, n): [] for e in engines for n in WORKLOADS}
     for name, w in WORKLOADS.items():
         generate(a.weir, data, name, w)
     for i in range(a.rounds):
         for name, w in WORKLOADS.items():
-            for engine in ("weir", "spark"):
+            for engine in engines:
                 t = time.time()
                 if engine == "weir":
                     r = run_weir(a.weir, data, runs, name, w, i)
+                elif engine == "weir-python":
+                    r = run_weir_python(a.weir_python, data, runs, name, w, i)
                 else:
                     r = run_spark(a.python, data, runs, name, w, i)
                 results[(engine, name)].append(r)
-                print(f"round {i + 1} {engine:5} {name:10} {time.time() - t:6.1f} s  "
+                print(f"round {i + 1} {engine:11} {name:10} {time.time() - t:6.1f} s  "
                       + json.dumps({k: round(v, 2) for k, v in r.items()}), flush=True)
 
     def pair(name, key):
-        return (median_of(results[("weir", name)], key), median_of(results[("spark", name)], key))
+        return tuple(median_of(results[(e, name)], key) for e in engines)
 
     rows = [
         ("per-batch fixed cost: median triggerExecution, 10-row files, 1 per trigger (ms)",
@@ -220,10 +237,28 @@ def main():
         ("wall time of the whole throughput run incl. start-up (s)",
          pair("throughput", "wall_s"), "{:.1f}"),
     ]
-    lines = ["| measure | weir | Spark | weir/Spark |", "|---|---:|---:|---:|"]
-    for label, (wv, sv), fmt in rows:
-        lines.append(f"| {label} | {fmt.format(wv)} | {fmt.format(sv)} | {wv / sv:.3f} |")
+    if a.weir_python:
+        lines = ["| measure | weir | weir (Python) | Spark | weir/Spark | Python/Spark | Python/weir |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
+        for label, (wv, pv, sv), fmt in rows:
+            lines.append(f"| {label} | {fmt.format(wv)} | {fmt.format(pv)} | {fmt.format(sv)} "
+                         f"| {wv / sv:.3f} | {pv / sv:.3f} | {pv / wv:.3f} |")
+    else:
+        lines = ["| measure | weir | Spark | weir/Spark |", "|---|---:|---:|---:|"]
+        for label, (wv, sv), fmt in rows:
+            lines.append(f"| {label} | {fmt.format(wv)} | {fmt.format(sv)} | {wv / sv:.3f} |")
     table = "\n".join(lines)
+    python_note = ""
+    if a.weir_python:
+        fixed = pair("fixed-cost", "median_trigger_ms")
+        big = pair("throughput", "median_trigger_ms")
+        python_note = f"""
+weir (Python) is the same job written with the `weir` Python package
+(`bench/weir_python_job.py`: `batch.sql(...)` for the newest row per order, then
+`weir.sinks.ParquetSink`), release wheel. The Python layer's cost per batch, from the medians
+above: {fixed[1] - fixed[0]:+.1f} ms on a 10-row batch, {big[1] - big[0]:+.0f} ms on a
+200,000-row batch (weir (Python) minus weir).
+"""
     print()
     print(table)
     if a.write:
@@ -240,7 +275,7 @@ Written by `{a.command}` on {when}; every figure below comes from that one run
 script again.
 
 - Machine: {machine()}.
-- weir: `{weir_version}`, release build, `weir run` on a generated pipeline file.
+- weir: `{weir_version}`, release build, `weir run` on a generated pipeline file.{" The `weir` Python package: release wheel." if a.weir_python else ""}
 - Spark: PySpark {spark_version} from PyPI in a virtualenv, `local[2]`,
   `spark.sql.shuffle.partitions=2` (the default 200 would make every batch run 200 tasks on 2
   cores), UI off.
@@ -257,7 +292,7 @@ for the whole process tree (for Spark: the Python driver and the JVM).
 
 A ratio below 1 means weir needs less of it (time, memory); for rows/s, above 1 means weir is
 faster.
-""")
+{python_note}""")
         print(f"\nwrote {a.write}")
 
 

@@ -209,11 +209,17 @@ pub fn active_batch(py: Python<'_>, batch_id: u64, what: &str) -> PyResult<Batch
     }
 }
 
+thread_local! {
+    /// True on the thread running a Python batch function (for `stop()` called inside it).
+    static IN_BATCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Removes a context from [`ACTIVE`] when the function returns, whatever happened.
 struct ActiveGuard(uuid::Uuid, u64);
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
+        IN_BATCH.with(|b| b.set(false));
         if let Ok(mut a) = ACTIVE.lock() {
             a.retain(|c| !(c.run_id == self.0 && c.batch_id == self.1));
         }
@@ -272,6 +278,7 @@ impl ForeachBatch for PythonFunction {
                 a.push(ctx.clone());
             }
             let _guard = ActiveGuard(ctx.run_id, ctx.batch_id);
+            IN_BATCH.with(|b| b.set(true));
             Python::attach(|py| {
                 let id = ctx.batch_id;
                 let result = Py::new(py, Batch::new(batch, ctx, false))
@@ -425,8 +432,13 @@ impl Query {
 
     /// Stops the query after the batch in progress (which is committed, not cut off) and
     /// waits for it. A query that already failed is not raised here (see `exception()`).
+    /// Called inside a batch function, it only asks: waiting there would wait for itself.
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
         let q = self.query.clone();
+        if IN_BATCH.with(|b| b.get()) {
+            handle(py)?.spawn(async move { q.stop().await });
+            return Ok(());
+        }
         let _ = block_on(py, async move { q.stop().await })?;
         Ok(())
     }

@@ -211,3 +211,36 @@ def test_a_cached_batch_is_released_when_its_block_ends(tmp_path):
 
     run(files_stream(tmp_path / "in"), fn, tmp_path / "chk")
     assert "c" in kept
+
+
+def test_stop_called_inside_the_function_ends_the_query_after_that_batch(tmp_path):
+    write_json_files(tmp_path / "in", orders(30, 5), 10)
+    holder, calls = {}, []
+
+    def fn(batch, batch_id):
+        calls.append(batch_id)
+        holder["q"].stop()  # must not wait for itself
+
+    holder["q"] = (files_stream(tmp_path / "in").write_stream.foreach_batch(fn)
+                   .option("checkpointLocation", str(tmp_path / "chk"))
+                   .trigger(processing_time="50 milliseconds").start())
+    assert holder["q"].await_termination(timeout=30) is True
+    assert calls == [0]
+    assert os.listdir(tmp_path / "chk" / "commits") == ["0"]
+
+
+def test_a_script_that_exits_with_its_query_running_ends_without_a_crash(tmp_path):
+    write_json_files(tmp_path / "in", orders(30, 5), 10)
+    script = textwrap.dedent(f"""
+        import time, weir
+        frame = (weir.Session().read_stream.format("json").schema({SCHEMA!r})
+                 .option("maxFilesPerTrigger", 1).load({str(tmp_path / 'in')!r}))
+        q = (frame.write_stream.foreach_batch(lambda b, i: time.sleep(0.05))
+             .option("checkpointLocation", {str(tmp_path / 'chk')!r})
+             .trigger(processing_time="10 milliseconds").start())
+        time.sleep(0.3)
+        print("leaving", flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "leaving" in r.stdout
