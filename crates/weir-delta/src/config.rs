@@ -89,10 +89,30 @@ pub struct DeltaMergeConfig {
     pub deleted_file_retention: Option<DurationText>,
 }
 
+/// The table's location. delta-rs reads `%XX` in a local folder name as an escape (the table
+/// `victim%41` would be read and written as `victimA`): such a name is refused before
+/// anything runs rather than written somewhere else.
+fn table_location(env: &BuildEnv, path: &str) -> Result<Location> {
+    let at = env.location("sink.path", path)?;
+    if at
+        .local_path()
+        .is_some_and(|p| p.to_string_lossy().contains('%'))
+    {
+        return Err(Error::config(
+            "sink.path",
+            format!(
+                "'{path}': a '%' in a local Delta table's folder name is not supported (delta-rs \
+                 reads it as an escape and would use another folder); rename the folder"
+            ),
+        ));
+    }
+    Ok(at)
+}
+
 impl DeltaAppendConfig {
     /// The sink, configured.
     pub fn sink(&self, env: &BuildEnv) -> Result<DeltaAppend> {
-        let mut d = DeltaAppend::new(env.location("sink.path", &self.path)?)
+        let mut d = DeltaAppend::new(table_location(env, &self.path)?)
             .partition_by(self.partition_by.clone())
             .allow_app_id_reuse(self.allow_app_id_reuse);
         if let Some(a) = &self.app_id {
@@ -115,7 +135,7 @@ impl DeltaMergeConfig {
     /// The sink, configured and checked.
     pub fn sink(&self, env: &BuildEnv) -> Result<DeltaMerge> {
         let mut d = DeltaMerge::new(
-            env.location("sink.path", &self.path)?,
+            table_location(env, &self.path)?,
             self.keys.clone(),
             &self.ordering,
         )

@@ -34,12 +34,23 @@ pub async fn open(at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkE
         action,
         source,
     };
-    let url = url::Url::parse(&at.url_string()).map_err(|e| {
-        err(
-            "resolving the table location",
-            deltalake::DeltaTableError::Generic(e.to_string()),
-        )
-    })?;
+    // A local folder through from_directory_path: its name is percent-encoded, so `#`, `?`
+    // or `%41` in it stay part of the name (as text, `sales#staging` would be the table
+    // `sales` with a fragment).
+    let url = match at.local_path() {
+        Some(p) => url::Url::from_directory_path(p).map_err(|()| {
+            err(
+                "resolving the table location",
+                deltalake::DeltaTableError::Generic(format!("{} is not absolute", p.display())),
+            )
+        }),
+        None => url::Url::parse(&at.url_string()).map_err(|e| {
+            err(
+                "resolving the table location",
+                deltalake::DeltaTableError::Generic(e.to_string()),
+            )
+        }),
+    }?;
     let options: HashMap<String, String> = at
         .options()
         .as_map()

@@ -182,6 +182,15 @@ pub fn start_query(py: Python<'_>, spec: &str, func: Py<PyAny>) -> PyResult<Quer
 /// context here by its id.
 static ACTIVE: Mutex<Vec<BatchContext>> = Mutex::new(Vec::new());
 
+/// True while a Python function is handling the batch of `ctx` (sinks refuse rows of a
+/// batch whose function returned: that batch may be committed already).
+pub fn is_active(ctx: &BatchContext) -> bool {
+    ACTIVE.lock().is_ok_and(|a| {
+        a.iter()
+            .any(|c| c.run_id == ctx.run_id && c.batch_id == ctx.batch_id)
+    })
+}
+
 /// The context of the batch `batch_id` that a Python function is handling now.
 pub fn active_batch(py: Python<'_>, batch_id: u64, what: &str) -> PyResult<BatchContext> {
     let active = ACTIVE

@@ -20,7 +20,7 @@ use weir::{BatchContext, ForeachBatch};
 
 use crate::arrow::import_stream;
 use crate::batch::Batch;
-use crate::query::active_batch;
+use crate::query::{active_batch, is_active};
 use crate::runtime::{block_on, engine_error, error};
 
 /// One of weir's sinks, built from its config (the same keys as a pipeline file's
@@ -68,6 +68,9 @@ fn rows_and_context(
                 ),
             ));
         }
+        if !is_active(&b.ctx) {
+            return Err(ended(py, what, batch_id));
+        }
         return Ok((b.frame(py)?, b.ctx.clone()));
     }
     let ctx = active_batch(py, batch_id, what)?;
@@ -76,6 +79,18 @@ fn rows_and_context(
         .and_then(|t| ctx.session.read_table(Arc::new(t)))
         .map_err(|e| error(py, "WeirError", format!("{what}: batch {batch_id}: {e}")))?;
     Ok((frame, ctx))
+}
+
+/// The error for rows of a batch whose function has returned.
+fn ended(py: Python<'_>, what: &str, batch_id: u64) -> PyErr {
+    error(
+        py,
+        "WeirError",
+        format!(
+            "{what}: batch {batch_id} is no longer being handled (its function returned, so it \
+             may be committed): write inside the function, before it returns"
+        ),
+    )
 }
 
 #[pymethods]
@@ -297,7 +312,8 @@ impl Ledger {
     ) -> PyResult<bool> {
         let what = format!("postgres-ledger {}", self.table);
         let ctx = match batch.cast::<Batch>() {
-            Ok(b) => b.get().ctx.clone(),
+            Ok(b) if is_active(&b.get().ctx) => b.get().ctx.clone(),
+            Ok(_) => return Err(ended(py, &what, batch_id)),
             Err(_) => active_batch(py, batch_id, &what)?,
         };
         if ctx.batch_id != batch_id {

@@ -244,3 +244,39 @@ def test_a_script_that_exits_with_its_query_running_ends_without_a_crash(tmp_pat
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "leaving" in r.stdout
+
+
+def test_csv_files_have_no_header_unless_told_as_in_spark(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.csv").write_text("1,alice\n2,bob\n3,carol\n")
+    seen = []
+    frame = weir.Session().read_stream.format("csv").schema("id INT, name STRING").load(tmp_path / "in")
+    run(frame, lambda b, i: seen.append(pa.table(b)), tmp_path / "chk")
+    assert seen[0].column("name").to_pylist() == ["alice", "bob", "carol"]
+    (tmp_path / "in2").mkdir()
+    (tmp_path / "in2" / "a.csv").write_text("id,name\n1,alice\n")
+    seen.clear()
+    frame = (weir.Session().read_stream.format("csv").schema("id INT, name STRING")
+             .option("header", "true").load(tmp_path / "in2"))
+    run(frame, lambda b, i: seen.append(pa.table(b)), tmp_path / "chk2")
+    assert seen[0].column("name").to_pylist() == ["alice"]
+
+
+def test_an_async_or_generator_function_is_refused_before_it_could_commit_unwritten(tmp_path):
+    write_json_files(tmp_path / "in", orders(10, 5), 10)
+
+    async def later(batch, batch_id):
+        pass
+
+    def gen(batch, batch_id):
+        yield batch
+
+    for fn in (later, gen):
+        with pytest.raises(weir.ConfigError, match="plain function"):
+            files_stream(tmp_path / "in").write_stream.foreach_batch(fn)
+    # A callable that hands back a coroutine is caught when it returns one.
+    q = (files_stream(tmp_path / "in").write_stream.foreach_batch(lambda b, i: later(b, i))
+         .option("checkpointLocation", str(tmp_path / "chk")).trigger(available_now=True).start())
+    with pytest.raises(weir.StreamingQueryException, match="returned coroutine for batch 0"):
+        q.await_termination()
+    assert not os.path.exists(tmp_path / "chk" / "commits" / "0")

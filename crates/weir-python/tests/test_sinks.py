@@ -158,3 +158,36 @@ def test_a_failed_write_raises_sink_error_naming_the_sink_and_batch(tmp_path, po
     assert isinstance(e.value.__cause__, weir.SinkError)
     assert "postgres-upsert" in str(e.value.__cause__) and "batch 0" in str(e.value.__cause__)
     assert not os.path.exists(tmp_path / "chk" / "commits" / "0")
+
+
+def test_delta_tables_named_with_hash_and_question_marks_are_where_they_were_told(tmp_path):
+    write_json_files(tmp_path / "in", orders(20, 5), 10)
+    # A '%' is refused (delta-rs would read victim%41 as victimA), before anything runs.
+    with pytest.raises(weir.ConfigError, match="'%' in a local Delta table"):
+        DeltaAppend(tmp_path / "victim%41")
+    with pytest.raises(weir.ConfigError, match="'%' in a local Delta table"):
+        DeltaMerge(tmp_path / "victim%41", keys=["order_id"], ordering="updated_at")
+    names = ["sales#staging", "x?y", "sales"]
+    sinks = [DeltaAppend(tmp_path / n) for n in names]
+
+    def fn(batch, batch_id):
+        for s in sinks:
+            s(batch, batch_id)
+
+    start(tmp_path / "in", tmp_path / "chk", fn, "names").await_termination()
+    for n in names:
+        assert DeltaTable(str(tmp_path / n)).to_pyarrow_table().num_rows == 20, n
+    assert sorted(os.listdir(tmp_path)) == sorted(["chk", "in"] + names)
+
+
+def test_a_sink_refuses_rows_of_a_batch_whose_function_returned(tmp_path, postgres):
+    write_json_files(tmp_path / "in", orders(10, 5), 10)
+    kept = {}
+    parquet = ParquetSink(tmp_path / "pq")
+    ledger = PostgresLedger(postgres.url, "py_late_ledger")
+    start(tmp_path / "in", tmp_path / "chk", lambda b, i: kept.update(b=b, i=i), "late").await_termination()
+    with pytest.raises(weir.WeirError, match="batch 0 is no longer being handled"):
+        parquet(kept["b"], kept["i"])
+    with pytest.raises(weir.WeirError, match="batch 0 is no longer being handled"):
+        ledger.run_once(kept["b"], kept["i"], ["SELECT 1"])
+    assert not os.path.exists(tmp_path / "pq")

@@ -5,6 +5,7 @@ Option names are Spark's (``maxOffsetsPerTrigger``, ``maxFilesPerTrigger``,
 PySpark camelCase alias (``readStream``, ``foreachBatch``, ``awaitTermination``, ...).
 """
 
+import inspect
 import json
 import os
 
@@ -188,6 +189,8 @@ class DataStreamReader:
             config["mode"] = config["mode"].upper()
         if kind == "files" and "clean-source" in config:
             config["clean-source"] = config["clean-source"].lower()
+        if fmt == "csv" and "csv-header" not in config:
+            config["csv-header"] = False  # Spark's default: the first line is a row
         if kind == "rate" and "rows-per-second" not in config:
             config["rows-per-second"] = 1
         return config
@@ -257,7 +260,25 @@ class DataStreamWriter:
         (same rows, same id) on the next start."""
         if not callable(func):
             raise ConfigError("foreach_batch needs a function (batch, batch_id)")
-        self._fn = func
+        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func) \
+                or inspect.isgeneratorfunction(func):
+            raise ConfigError(
+                "foreach_batch needs a plain function: an async function or a generator would "
+                "return before its body ran, and the batch would be committed unwritten"
+            )
+
+        def checked(batch, batch_id):
+            result = func(batch, batch_id)
+            if inspect.isawaitable(result) or inspect.isgenerator(result):
+                if hasattr(result, "close"):
+                    result.close()
+                raise TypeError(
+                    f"the function returned {type(result).__name__} for batch {batch_id}: its "
+                    "body did not run; give foreach_batch a plain function"
+                )
+            return result
+
+        self._fn = checked
         return self
 
     foreachBatch = foreach_batch
