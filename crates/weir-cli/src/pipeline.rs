@@ -30,7 +30,8 @@
 //! path = "out"
 //! ```
 //!
-//! Each `type` is a connector's config type; adding a connector adds one variant here.
+//! Each `type` is a connector's config type (`weir::config`: adding a connector adds one
+//! variant there).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,16 +39,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
-use weir_core::connector::{BuildEnv, DurationText, SinkSpec, SourceSpec, secret};
+pub use weir::config::{SinkConfig, SourceConfig};
+use weir_core::connector::{BuildEnv, DurationText, secret};
 use weir_core::engine::Transform;
-use weir_core::sink::{ConsoleConfig, ParquetConfig};
-use weir_core::source::RateConfig;
-use weir_core::source::file::FilesConfig;
 use weir_core::storage::StorageOptions;
 use weir_core::{DataStreamWriter, FanOut, ForeachBatch, Trigger, WeirSession};
-use weir_delta::{DeltaAppendConfig, DeltaMergeConfig};
-use weir_kafka::KafkaConfig;
-use weir_postgres::PostgresUpsertConfig;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -184,110 +180,6 @@ impl AggregateConfig {
     }
 }
 
-/// Deserializes a `type = ...` table into the variant's own config type. serde's derive for
-/// an internally tagged enum buffers the table first, which drops the key from an error
-/// (`'7x' is not a duration` with no word of `max-file-age`); reading the variant's type from
-/// the table keeps it (`in \`max-file-age\``).
-macro_rules! deserialize_by_type {
-    ($enum:ident { $($tag:literal => $variant:ident),+ $(,)? }) => {
-        impl<'de> Deserialize<'de> for $enum {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-                use serde::de::Error as _;
-                let mut table = toml::Table::deserialize(d)?;
-                let tag = match table.remove("type") {
-                    Some(toml::Value::String(t)) => t,
-                    Some(other) => {
-                        return Err(D::Error::custom(format!(
-                            "`type` must be a string, not {other}"
-                        )))
-                    }
-                    None => return Err(D::Error::missing_field("type")),
-                };
-                let value = toml::Value::Table(table);
-                let parsed: std::result::Result<Self, toml::de::Error> = match tag.as_str() {
-                    $($tag => value.try_into().map($enum::$variant),)+
-                    other => return Err(D::Error::unknown_variant(other, &[$($tag),+])),
-                };
-                parsed.map_err(|e| D::Error::custom(e.to_string().trim_end()))
-            }
-        }
-    };
-}
-
-/// `[source] type = ...`: one variant per source connector.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "type", rename_all = "kebab-case")]
-pub enum SourceConfig {
-    Files(FilesConfig),
-    Kafka(KafkaConfig),
-    Rate(RateConfig),
-}
-
-impl SourceConfig {
-    pub fn spec(&self) -> &dyn SourceSpec {
-        match self {
-            SourceConfig::Files(c) => c,
-            SourceConfig::Kafka(c) => c,
-            SourceConfig::Rate(c) => c,
-        }
-    }
-
-    pub fn spec_mut(&mut self) -> &mut dyn SourceSpec {
-        match self {
-            SourceConfig::Files(c) => c,
-            SourceConfig::Kafka(c) => c,
-            SourceConfig::Rate(c) => c,
-        }
-    }
-}
-
-deserialize_by_type!(SourceConfig {
-    "files" => Files,
-    "kafka" => Kafka,
-    "rate" => Rate,
-});
-
-/// `[[sink]] type = ...`: one variant per sink connector.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "type", rename_all = "kebab-case")]
-pub enum SinkConfig {
-    Parquet(ParquetConfig),
-    Console(ConsoleConfig),
-    DeltaAppend(DeltaAppendConfig),
-    DeltaMerge(DeltaMergeConfig),
-    PostgresUpsert(PostgresUpsertConfig),
-}
-
-deserialize_by_type!(SinkConfig {
-    "parquet" => Parquet,
-    "console" => Console,
-    "delta-append" => DeltaAppend,
-    "delta-merge" => DeltaMerge,
-    "postgres-upsert" => PostgresUpsert,
-});
-
-impl SinkConfig {
-    pub fn spec(&self) -> &dyn SinkSpec {
-        match self {
-            SinkConfig::Parquet(c) => c,
-            SinkConfig::Console(c) => c,
-            SinkConfig::DeltaAppend(c) => c,
-            SinkConfig::DeltaMerge(c) => c,
-            SinkConfig::PostgresUpsert(c) => c,
-        }
-    }
-
-    pub fn spec_mut(&mut self) -> &mut dyn SinkSpec {
-        match self {
-            SinkConfig::Parquet(c) => c,
-            SinkConfig::Console(c) => c,
-            SinkConfig::DeltaAppend(c) => c,
-            SinkConfig::DeltaMerge(c) => c,
-            SinkConfig::PostgresUpsert(c) => c,
-        }
-    }
-}
-
 impl Pipeline {
     /// Reads and checks a pipeline file; relative paths are taken from its folder.
     pub fn load(path: &Path) -> Result<Self> {
@@ -419,14 +311,7 @@ impl Pipeline {
     /// name, checkpoint, trigger, retention and the sinks in file order behind one FanOut.
     pub async fn writer(&self) -> Result<DataStreamWriter> {
         let env = self.env()?;
-        let session = self.session()?;
-        let spec = self.source.spec();
-        let mut frame = session
-            .read_stream()
-            .source(spec.build(&env).await?)
-            .load()
-            .await?
-            .with_read_limit(spec.read_limit()?);
+        let mut frame = self.source.load(&self.session()?, &env).await?;
         if let Some(t) = &self.transform {
             for step in t.steps()? {
                 frame = frame.then(step);

@@ -8,12 +8,10 @@ use std::time::Duration;
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use serde::Deserialize;
-use weir::connector::{BuildEnv, DurationText, SourceSpec};
+use weir::config::SourceConfig;
+use weir::connector::{BuildEnv, DurationText};
 use weir::datafusion::prelude::DataFrame;
 use weir::engine::{Transform, check_steps};
-use weir::kafka::KafkaConfig;
-use weir::source::RateConfig;
-use weir::source::file::FilesConfig;
 use weir::storage::StorageOptions;
 use weir::{BatchContext, BoxError, ForeachBatch, StreamingQuery, Trigger, WeirSession};
 
@@ -25,7 +23,8 @@ use crate::runtime::{block_on, engine_error, error, handle};
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct QuerySpec {
-    source: SourceSpecJson,
+    /// `{"type": "files", ...}`: a pipeline file's `[source]` table.
+    source: SourceConfig,
     #[serde(default)]
     storage: BTreeMap<String, String>,
     #[serde(default)]
@@ -38,13 +37,6 @@ struct QuerySpec {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SourceSpecJson {
-    kind: String,
-    config: serde_json::Value,
-}
-
-#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 enum Step {
     WithWatermark { column: String, delay: DurationText },
@@ -52,26 +44,9 @@ enum Step {
     DropDuplicatesWithinWatermark(Vec<String>),
 }
 
-/// A source config of any kind.
-enum Source {
-    Files(FilesConfig),
-    Kafka(KafkaConfig),
-    Rate(RateConfig),
-}
-
-impl Source {
-    fn spec(&self) -> &dyn SourceSpec {
-        match self {
-            Source::Files(c) => c,
-            Source::Kafka(c) => c,
-            Source::Rate(c) => c,
-        }
-    }
-}
-
 /// A parsed and checked query spec.
 struct Parsed {
-    source: Source,
+    source: SourceConfig,
     env: BuildEnv,
     steps: Vec<Transform>,
     name: String,
@@ -83,19 +58,7 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
     let bad = |m: String| error(py, "ConfigError", m);
     let spec: QuerySpec =
         serde_json::from_str(spec).map_err(|e| bad(format!("the query's settings: {e}")))?;
-    let kind = spec.source.kind.as_str();
-    let config = spec.source.config;
-    let what = |e: serde_json::Error| bad(format!("the {kind} source's options: {e}"));
-    let source = match kind {
-        "files" => Source::Files(serde_json::from_value(config).map_err(what)?),
-        "kafka" => Source::Kafka(serde_json::from_value(config).map_err(what)?),
-        "rate" => Source::Rate(serde_json::from_value(config).map_err(what)?),
-        other => {
-            return Err(bad(format!(
-                "'{other}' is not a source format: use kafka, json, csv, parquet or rate"
-            )));
-        }
-    };
+    let source = spec.source;
     let env = BuildEnv {
         base: spec.base,
         storage: StorageOptions::new(spec.storage).map_err(|e| engine_error(py, &e))?,
@@ -135,13 +98,6 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
     })
 }
 
-/// Checks a query spec without starting anything (bad settings are refused at `start()`
-/// with the key and the reason).
-#[pyfunction]
-pub fn check_query(py: Python<'_>, spec: &str) -> PyResult<()> {
-    parse(py, spec).map(|_| ())
-}
-
 /// Starts a query whose batches go to `func(batch, batch_id)`. Returns once the query has
 /// opened its checkpoint, source and sinks (errors there are raised here).
 #[pyfunction]
@@ -154,13 +110,7 @@ pub fn start_query(py: Python<'_>, spec: &str, func: Py<PyAny>) -> PyResult<Quer
     };
     let started = block_on(py, async move {
         let session = WeirSession::new().storage_options(p.env.storage.clone());
-        let spec = p.source.spec();
-        let mut frame = session
-            .read_stream()
-            .source(spec.build(&p.env).await?)
-            .load()
-            .await?
-            .with_read_limit(spec.read_limit()?);
+        let mut frame = p.source.load(&session, &p.env).await?;
         for step in p.steps {
             frame = frame.then(step);
         }

@@ -9,12 +9,11 @@ use std::time::Instant;
 use futures::FutureExt;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
-use serde::de::DeserializeOwned;
 use tokio_postgres::types::ToSql;
-use weir::connector::{BuildEnv, SinkSpec};
-use weir::delta::{DeltaAppendConfig, DeltaMergeConfig};
-use weir::postgres::{PostgresLedger, PostgresUpsertConfig};
-use weir::sink::{ParquetConfig, SinkMetric, error_chain};
+use weir::config::SinkConfig;
+use weir::connector::BuildEnv;
+use weir::postgres::PostgresLedger;
+use weir::sink::{SinkMetric, error_chain};
 use weir::storage::StorageOptions;
 use weir::{BatchContext, ForeachBatch};
 
@@ -32,10 +31,6 @@ pub struct Sink {
     points: Vec<&'static str>,
     /// Queries (by run) whose start checks this sink has run.
     opened: Mutex<HashSet<uuid::Uuid>>,
-}
-
-fn config<T: DeserializeOwned>(py: Python<'_>, kind: &str, json: &str) -> PyResult<T> {
-    serde_json::from_str(json).map_err(|e| error(py, "ConfigError", format!("{kind}: {e}")))
 }
 
 fn build_env(py: Python<'_>, storage: &str, base: Option<String>) -> PyResult<BuildEnv> {
@@ -95,32 +90,21 @@ fn ended(py: Python<'_>, what: &str, batch_id: u64) -> PyErr {
 
 #[pymethods]
 impl Sink {
-    /// `kind`: parquet, delta-append, delta-merge or postgres-upsert; `config`: its
-    /// settings as JSON; `storage`: object-store settings as JSON; `base`: the folder
-    /// relative paths are taken from.
+    /// `config_json`: a pipeline file's `[[sink]]` table as JSON (`{"type": "delta-merge",
+    /// ...}`); `storage_json`: object-store settings as JSON; `base`: the folder relative
+    /// paths are taken from.
     #[new]
-    #[pyo3(signature = (kind, config_json, storage_json="{}", base=None))]
+    #[pyo3(signature = (config_json, storage_json="{}", base=None))]
     fn new(
         py: Python<'_>,
-        kind: &str,
         config_json: &str,
         storage_json: &str,
         base: Option<String>,
     ) -> PyResult<Self> {
         let env = build_env(py, storage_json, base)?;
-        let spec: Box<dyn SinkSpec> = match kind {
-            "parquet" => Box::new(config::<ParquetConfig>(py, kind, config_json)?),
-            "delta-append" => Box::new(config::<DeltaAppendConfig>(py, kind, config_json)?),
-            "delta-merge" => Box::new(config::<DeltaMergeConfig>(py, kind, config_json)?),
-            "postgres-upsert" => Box::new(config::<PostgresUpsertConfig>(py, kind, config_json)?),
-            other => {
-                return Err(error(
-                    py,
-                    "ConfigError",
-                    format!("'{other}' is not a sink kind"),
-                ));
-            }
-        };
+        let config: SinkConfig = serde_json::from_str(config_json)
+            .map_err(|e| error(py, "ConfigError", format!("sink: {e}")))?;
+        let spec = config.spec();
         let sink = spec.build(&env).map_err(|e| engine_error(py, &e))?;
         Ok(Sink {
             sink,
@@ -243,6 +227,22 @@ impl Param {
     }
 }
 
+/// The statements of a list (or tuple) of them.
+fn statement_list(
+    py: Python<'_>,
+    what: &str,
+    list: &Bound<'_, PyAny>,
+) -> PyResult<Vec<(String, Vec<Param>)>> {
+    if !(list.is_instance_of::<PyList>() || list.is_instance_of::<PyTuple>()) {
+        return Err(error(
+            py,
+            "ConfigError",
+            format!("{what}: give a list of statements (or a function returning one)"),
+        ));
+    }
+    statements(py, list)
+}
+
 /// `(sql, [params])` or `sql`.
 fn statements(py: Python<'_>, list: &Bound<'_, PyAny>) -> PyResult<Vec<(String, Vec<Param>)>> {
     let mut out = Vec::new();
@@ -333,14 +333,8 @@ impl Ledger {
         } else {
             statements_or_fn.clone()
         };
-        if !(list.is_instance_of::<PyList>() || list.is_instance_of::<PyTuple>()) {
-            return Err(error(
-                py,
-                "ConfigError",
-                format!("{what}: give a list of statements (or a function returning one)"),
-            ));
-        }
-        let stmts = statements(py, &list)?;
+        let stmts = statement_list(py, &what, &list)?;
+        let table = self.table.clone();
         let ran = block_on(py, async move {
             self.ledger
                 .run_once(&ctx, move |tx| {
@@ -364,7 +358,10 @@ impl Ledger {
             error(
                 py,
                 "SinkError",
-                format!("{what}: batch {batch_id}: {}", error_chain(&e)),
+                format!(
+                    "postgres-ledger {table}: batch {batch_id}: {}",
+                    error_chain(&e)
+                ),
             )
         })
     }

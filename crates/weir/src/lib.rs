@@ -26,3 +26,7 @@ pub use weir_kafka as kafka;
 /// The monitoring endpoint: Prometheus metrics, health and readiness, a live page.
 #[cfg(feature = "http")]
 pub use weir_http as http;
+
+/// The connectors' configs by kind (pipeline files, the Python package).
+#[cfg(all(feature = "delta", feature = "postgres", feature = "kafka"))]
+pub mod config;

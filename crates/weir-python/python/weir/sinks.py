@@ -22,15 +22,13 @@ import os
 from . import _weir
 
 
-def _sink(kind, config, storage_options, base):
-    config = {k.replace("_", "-"): v for k, v in config.items() if v is not None}
-    storage = {str(k): str(v) for k, v in (storage_options or {}).items()}
-    return _weir.Sink(kind, json.dumps(config), json.dumps(storage), base or os.getcwd())
-
-
 class _Sink:
     def __init__(self, kind, config, storage_options=None):
-        self._native = _sink(kind, config, storage_options, None)
+        # A pipeline file's [[sink]] table: type = kind, the other keys in kebab-case.
+        table = {"type": kind}
+        table.update((k.replace("_", "-"), v) for k, v in config.items() if v is not None)
+        storage = {str(k): str(v) for k, v in (storage_options or {}).items()}
+        self._native = _weir.Sink(json.dumps(table), json.dumps(storage), os.getcwd())
 
     @property
     def label(self):

@@ -83,15 +83,6 @@ def _convert(fmt, name, value, kind):
     return _text(value)
 
 
-def _spark_name(fmt, key):
-    """A weir config key back to the Spark option name, for errors."""
-    for table in (_FILE_OPTIONS, _CSV_OPTIONS, _KAFKA_OPTIONS, _RATE_OPTIONS):
-        for spark, (weir_key, _) in table.items():
-            if weir_key == key:
-                return spark
-    return key
-
-
 class Session:
     """The entry point (Spark's ``SparkSession``). ``storage_options`` are object-store
     settings for ``s3://``, ``az://`` and ``gs://`` paths (``aws_endpoint``,
@@ -183,9 +174,7 @@ class DataStreamReader:
             raise ConfigError(f"format '{fmt}' needs a folder: .load(path) or .option('path', ...)")
         if kind == "kafka" and "bootstrap-servers" not in config:
             raise ConfigError("format 'kafka' needs .option('kafka.bootstrap.servers', 'host:port')")
-        if kind == "kafka" and "mode" in config:
-            config["mode"] = config["mode"].upper()
-        if kind == "files" and "mode" in config:
+        if "mode" in config:
             config["mode"] = config["mode"].upper()
         if kind == "files" and "clean-source" in config:
             config["clean-source"] = config["clean-source"].lower()
@@ -330,7 +319,7 @@ class DataStreamWriter:
             )
         f = self._frame
         return json.dumps({
-            "source": {"kind": f._kind, "config": f._config},
+            "source": dict(f._config, type=f._kind),
             "storage": f._session._storage,
             "steps": f._steps,
             "name": self._name or "weir",
