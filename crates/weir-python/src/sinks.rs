@@ -326,19 +326,27 @@ impl Ledger {
                 ),
             ));
         }
-        // The statements are computed up front (with the GIL); a callable is asked only
-        // when the batch has not landed: a quick look first.
-        let list = if statements_or_fn.is_callable() {
-            statements_or_fn.call0()?
+        // A list is checked now; a function is called only once the batch is claimed in the
+        // ledger (not for a batch that already landed), inside the transaction.
+        let given = if statements_or_fn.is_callable() {
+            None
         } else {
-            statements_or_fn.clone()
+            Some(statement_list(py, &what, statements_or_fn)?)
         };
-        let stmts = statement_list(py, &what, &list)?;
+        let make: Py<PyAny> = statements_or_fn.clone().unbind();
         let table = self.table.clone();
         let ran = block_on(py, async move {
             self.ledger
                 .run_once(&ctx, move |tx| {
                     async move {
+                        let stmts = match given {
+                            Some(s) => s,
+                            None => Python::attach(|py| {
+                                let list = make.call0(py)?;
+                                statement_list(py, &what, list.bind(py))
+                            })
+                            .map_err(|e| Box::new(e) as weir::BoxError)?,
+                        };
                         let mut rows = 0u64;
                         for (sql, params) in &stmts {
                             let p: Vec<&(dyn ToSql + Sync)> =

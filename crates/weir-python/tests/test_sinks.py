@@ -191,3 +191,27 @@ def test_a_sink_refuses_rows_of_a_batch_whose_function_returned(tmp_path, postgr
     with pytest.raises(weir.WeirError, match="batch 0 is no longer being handled"):
         ledger.run_once(kept["b"], kept["i"], ["SELECT 1"])
     assert not os.path.exists(tmp_path / "pq")
+
+
+def test_a_ledger_function_is_called_only_for_a_batch_that_has_not_landed(tmp_path, postgres):
+    write_json_files(tmp_path / "in", orders(10, 5), 10)
+    postgres.psql("DROP TABLE IF EXISTS py_fn_counts; CREATE TABLE py_fn_counts (batch_id bigint)")
+    ledger = PostgresLedger(postgres.url, "py_fn_ledger")
+    calls, fail = [], {"on": True}
+
+    def fn(batch, batch_id):
+        def statements():
+            calls.append(batch_id)
+            return [("INSERT INTO py_fn_counts VALUES ($1)", [batch_id])]
+        ledger.run_once(batch, batch_id, statements)
+        if fail["on"]:
+            raise RuntimeError("dies after the ledger transaction")
+
+    with pytest.raises(weir.StreamingQueryException):
+        start(tmp_path / "in", tmp_path / "chk", fn, "fn-ledger").await_termination()
+    fail["on"] = False
+    q = start(tmp_path / "in", tmp_path / "chk", fn, "fn-ledger")
+    q.await_termination()
+    assert calls == [0]  # the replay found the ledger row and asked for nothing
+    assert q.recent_progress[0]["sink"]["metrics"]["postgres-ledger py_fn_ledger.skipped"] == "true"
+    assert postgres.psql("SELECT batch_id FROM py_fn_counts") == [["0"]]
