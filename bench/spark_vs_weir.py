@@ -149,25 +149,14 @@ def run_weir(weir, data, runs, name, w, i):
     return dict(f, wall_s=wall, peak_rss_mb=rss)
 
 
-def run_spark(python, data, runs, name, w, i):
-    work = runs / f"spark-{name}-{i}"
+def run_python_job(job, python, data, runs, name, w, i):
+    """bench/<job>.py (spark_job or weir_python_job) on workload `name`, round i."""
+    work = runs / f"{job}-{name}-{i}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     progress = work / "progress.jsonl"
     launch, wall, rss = run_measured(
-        [python, HERE / "spark_job.py", data / name, work, str(w["per_trigger"]), progress],
-        work / "log.txt")
-    f = figures(progress, launch, w["files"] * w["rows_per_file"])
-    return dict(f, wall_s=wall, peak_rss_mb=rss)
-
-
-def run_weir_python(python, data, runs, name, w, i):
-    work = runs / f"weir-python-{name}-{i}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    progress = work / "progress.jsonl"
-    launch, wall, rss = run_measured(
-        [python, HERE / "weir_python_job.py", data / name, work, str(w["per_trigger"]), progress],
+        [python, HERE / f"{job}.py", data / name, work, str(w["per_trigger"]), progress],
         work / "log.txt")
     f = figures(progress, launch, w["files"] * w["rows_per_file"])
     return dict(f, wall_s=wall, peak_rss_mb=rss)
@@ -213,9 +202,9 @@ def main():
                 if engine == "weir":
                     r = run_weir(a.weir, data, runs, name, w, i)
                 elif engine == "weir-python":
-                    r = run_weir_python(a.weir_python, data, runs, name, w, i)
+                    r = run_python_job("weir_python_job", a.weir_python, data, runs, name, w, i)
                 else:
-                    r = run_spark(a.python, data, runs, name, w, i)
+                    r = run_python_job("spark_job", a.python, data, runs, name, w, i)
                 results[(engine, name)].append(r)
                 print(f"round {i + 1} {engine:11} {name:10} {time.time() - t:6.1f} s  "
                       + json.dumps({k: round(v, 2) for k, v in r.items()}), flush=True)
