@@ -7,9 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use weir::BatchContext;
 use weir::datafusion::arrow::datatypes::SchemaRef;
-use weir::datafusion::datasource::TableProvider;
 use weir::datafusion::prelude::DataFrame;
-use weir::engine::BATCH_VIEW;
+use weir::engine::sql_over_batch;
 use weir::sink::CACHE_DURATION_KEY;
 
 use crate::arrow::{export_schema, export_stream};
@@ -153,13 +152,10 @@ impl Batch {
         let session = self.ctx.session.clone();
         let id = self.ctx.batch_id;
         let sql = query.to_string();
-        let planned = block_on(py, async move {
-            let view: Arc<dyn TableProvider> = frame.into_view();
-            session.register_table(BATCH_VIEW, view)?;
-            let planned = session.sql(&sql).await;
-            session.deregister_table(BATCH_VIEW)?;
-            planned
-        })?;
+        let planned = block_on(
+            py,
+            async move { sql_over_batch(&session, frame, &sql).await },
+        )?;
         let planned = planned.map_err(|e| {
             error(
                 py,

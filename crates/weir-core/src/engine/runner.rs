@@ -38,6 +38,20 @@ use crate::source::{ReadLimit, Source, SourceOffset};
 /// The name under which a SQL transform sees the batch.
 pub const BATCH_VIEW: &str = "batch";
 
+/// Plans `sql` over `df`, which it sees as the table [`BATCH_VIEW`] of `ctx` (registered for
+/// the planning only).
+pub async fn sql_over_batch(
+    ctx: &SessionContext,
+    df: DataFrame,
+    sql: &str,
+) -> datafusion::error::Result<DataFrame> {
+    let view: Arc<dyn TableProvider> = df.into_view();
+    ctx.register_table(BATCH_VIEW, view)?;
+    let planned = ctx.sql(sql).await;
+    ctx.deregister_table(BATCH_VIEW)?;
+    planned
+}
+
 /// A stateless step between the source and the function.
 #[derive(Clone)]
 pub enum Transform {
@@ -633,16 +647,9 @@ impl Runner {
                 Transform::Fn(f) => {
                     f(df).map_err(|e| Error::datafusion("the DataFrame transform", e))?
                 }
-                Transform::Sql(sql) => {
-                    let view: Arc<dyn TableProvider> = df.into_view();
-                    ctx.register_table(BATCH_VIEW, view)
-                        .map_err(|e| Error::datafusion("registering the batch view", e))?;
-                    let planned = ctx.sql(sql).await;
-                    ctx.deregister_table(BATCH_VIEW)
-                        .map_err(|e| Error::datafusion("dropping the batch view", e))?;
-                    planned
-                        .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?
-                }
+                Transform::Sql(sql) => sql_over_batch(ctx, df, sql)
+                    .await
+                    .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?,
             };
         }
         Ok((df, event_times))
