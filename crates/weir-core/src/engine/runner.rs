@@ -10,6 +10,13 @@
 //!
 //! A replay (recovered `offsets/N` without `commits/N`) skips 1-2 and uses the recorded
 //! offsets, batch timestamp and id.
+//!
+//! Reading ahead: when the next batch starts right after this one (available-now, or no
+//! trigger interval), steps 1 and 3 of batch N+1 (latest offset, read) run while batch N's
+//! function writes; the source hears of N's commit after that read. Nothing durable moves:
+//! `offsets/N+1` is still written after `commits/N`, with the range that was read. A crash
+//! before it replays N and plans N+1 again (a file source then hands out the file list it
+//! had already logged for N+1).
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -118,6 +125,8 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
             shared: task_shared,
             stateful: tokio::sync::Mutex::new(stateful),
             watermark,
+            ahead: tokio::sync::Mutex::new(None),
+            untold: tokio::sync::Mutex::new(None),
         }
         .run()
         .await
@@ -168,6 +177,11 @@ struct Runner {
     stateful: tokio::sync::Mutex<Vec<Operator>>,
     /// The watermark's column and delay in ms, if the query has one.
     watermark: Option<(String, i64)>,
+    /// The next batch, being read while the current one's function runs.
+    ahead: tokio::sync::Mutex<Option<tokio::task::JoinHandle<Result<Option<Ahead>>>>>,
+    /// The end of a committed batch the source has not been told of yet (it is told once
+    /// the read ahead started beside that batch has finished).
+    untold: tokio::sync::Mutex<Option<(u64, SourceOffset)>>,
 }
 
 /// What one batch reads.
@@ -177,6 +191,54 @@ struct Planned {
     latest: Option<SourceOffset>,
     metadata: OffsetSeqMetadata,
     replay: bool,
+    /// The rows, when they were read ahead.
+    rows: Option<ReadRows>,
+}
+
+/// A batch's rows read into memory, with the source's figures as of that read.
+struct ReadRows {
+    table: Arc<MemTable>,
+    count: u64,
+    metrics: BTreeMap<String, String>,
+}
+
+/// The batch after `start`, planned and read while the batch ending at `start` ran.
+struct Ahead {
+    start: SourceOffset,
+    end: SourceOffset,
+    latest: SourceOffset,
+    rows: ReadRows,
+}
+
+/// Plans and reads the batch after `start` (latest offset under `limit`, then the range):
+/// `None` when the source has nothing new. Nothing is recorded in the checkpoint.
+async fn read_ahead(
+    source: Arc<dyn Source>,
+    ctx: SessionContext,
+    start: SourceOffset,
+    limit: ReadLimit,
+) -> Result<Option<Ahead>> {
+    let Some(end) = source
+        .latest_offset(Some(&start), limit)
+        .await?
+        .filter(|e| e != &start)
+    else {
+        return Ok(None);
+    };
+    let latest = source.latest_seen().unwrap_or_else(|| end.clone());
+    let df = source.read_range(&ctx, Some(&start), &end).await?;
+    let (table, count) = materialize(df).await?;
+    let metrics = source.metrics();
+    Ok(Some(Ahead {
+        start,
+        end,
+        latest,
+        rows: ReadRows {
+            table,
+            count,
+            metrics,
+        },
+    }))
 }
 
 impl Runner {
@@ -190,6 +252,74 @@ impl Runner {
     }
 
     async fn run(mut self) -> Result<()> {
+        let result = self.run_batches().await;
+        // A read ahead still running is waited for, whatever ended the query: it holds
+        // the source (a file source logs the file list it planned), and nothing of a query
+        // may run after it ended.
+        let ahead = self.ahead.get_mut().take();
+        if let Some(handle) = ahead {
+            let _ = handle.await;
+        }
+        result?;
+        self.tell_committed().await
+    }
+
+    /// Tells the source of a committed batch it has not heard of yet.
+    async fn tell_committed(&self) -> Result<()> {
+        let untold = self.untold.lock().await.take();
+        if let Some((id, end)) = untold {
+            self.spec
+                .source
+                .commit(&end)
+                .await
+                .map_err(self.in_batch(id, "telling the source the batch is committed"))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the next batch starts right after this one, so reading it ahead pays.
+    fn reads_ahead(&self) -> bool {
+        match self.spec.trigger {
+            Trigger::AvailableNow => true,
+            Trigger::ProcessingTime(d) => d.is_zero(),
+            Trigger::Once | Trigger::Continuous(_) => false,
+        }
+    }
+
+    /// Waits for the read ahead, if one runs, then tells the source of the batch committed
+    /// before it. A read ahead that failed is dropped: the batch reads again (and reports
+    /// the failure if it persists). Returns what was read and how long this waited (ms).
+    async fn settle(&self, id: u64) -> Result<Option<(Ahead, u64)>> {
+        let t = Instant::now();
+        let handle = self.ahead.lock().await.take();
+        let ahead = match handle {
+            None => None,
+            Some(h) => match h.await {
+                Ok(Ok(a)) => a,
+                Ok(Err(e)) => {
+                    tracing::info!(
+                        query = %self.shared.name,
+                        "reading batch {id} ahead failed ({}); reading it again",
+                        crate::sink::error_chain(&e)
+                    );
+                    None
+                }
+                Err(join) => {
+                    tracing::warn!(
+                        query = %self.shared.name,
+                        "reading batch {id} ahead failed: {}; reading it again",
+                        panic_message(join)
+                    );
+                    None
+                }
+            },
+        };
+        let waited = t.elapsed().as_millis() as u64;
+        self.tell_committed().await?;
+        Ok(ahead.map(|a| (a, waited)))
+    }
+
+    async fn run_batches(&mut self) -> Result<()> {
         let origin = Instant::now();
         let path_of = |id: u64, cp: &Checkpoint| cp.offsets_name(id);
         // The watermark the next new batch runs with, and the one the last batch ran with
@@ -262,8 +392,12 @@ impl Runner {
             let trigger_start = Instant::now();
             let wall_start = chrono::Utc::now();
             let mut durations = BTreeMap::new();
-            let planned = match pending.take() {
-                Some(seq) => {
+            let ahead = self
+                .settle(next_id)
+                .await?
+                .filter(|(a, _)| Some(&a.start) == start.as_ref());
+            let mut planned = match (pending.take(), ahead) {
+                (Some(seq), _) => {
                     let end = seq.source(0, &self.spec.checkpoint.offsets_name(next_id))?;
                     tracing::info!(query = %self.shared.name, batch = next_id, "running batch {next_id} again with its recorded offsets {end}");
                     Planned {
@@ -272,9 +406,21 @@ impl Runner {
                         latest: None,
                         metadata: seq.metadata,
                         replay: true,
+                        rows: None,
                     }
                 }
-                None => match self
+                // Read while the batch before ran: only the wait for it is this batch's.
+                (None, Some((a, waited))) => {
+                    durations.insert("latestOffset".into(), 0);
+                    durations.insert("getBatch".into(), waited);
+                    let mut p = self
+                        .record(next_id, a.end, a.latest, watermark_ms, &mut durations)
+                        .instrument(self.batch_span(next_id))
+                        .await?;
+                    p.rows = Some(a.rows);
+                    p
+                }
+                (None, None) => match self
                     .plan(next_id, start.as_ref(), watermark_ms, &mut durations)
                     .instrument(self.batch_span(next_id))
                     .await?
@@ -345,14 +491,22 @@ impl Runner {
             };
             idle_reported = false;
             let id = planned.id;
+            let read = planned.rows.take();
             let Ran {
                 rows,
                 metrics,
+                source_metrics,
                 state_operators,
                 next_watermark,
                 event_time,
             } = self
-                .run_batch(&planned, start.as_ref(), last_watermark_ms, &mut durations)
+                .run_batch(
+                    &planned,
+                    read,
+                    start.as_ref(),
+                    last_watermark_ms,
+                    &mut durations,
+                )
                 .instrument(self.batch_span(id))
                 .await?;
             last_watermark_ms = planned.metadata.batch_watermark_ms;
@@ -367,7 +521,13 @@ impl Runner {
                 state_operators,
                 event_time,
             };
-            self.report(&planned, start.as_ref(), rows, &metrics, timing);
+            self.report(
+                &planned,
+                start.as_ref(),
+                rows,
+                (&metrics, source_metrics),
+                timing,
+            );
             previous_trigger = Some(trigger_start);
             start = Some(planned.end);
             next_id = id + 1;
@@ -438,7 +598,21 @@ impl Runner {
             end,
             metadata,
             replay: false,
+            rows: None,
         })
+    }
+
+    /// The read limit of every batch under the query's trigger.
+    fn read_limit(&self) -> ReadLimit {
+        match self.spec.trigger {
+            Trigger::Once => ReadLimit::ALL,
+            // Drain what is there, in batches of the max limits; never wait for more.
+            Trigger::AvailableNow => ReadLimit {
+                min_rows: None,
+                ..self.spec.limit
+            },
+            _ => self.spec.limit,
+        }
     }
 
     /// Steps 1-2: decides batch `id`'s range and records it. `None`: no new data.
@@ -449,15 +623,7 @@ impl Runner {
         watermark_ms: i64,
         durations: &mut BTreeMap<String, u64>,
     ) -> Result<Option<Planned>> {
-        let limit = match self.spec.trigger {
-            Trigger::Once => ReadLimit::ALL,
-            // Drain what is there, in batches of the max limits; never wait for more.
-            Trigger::AvailableNow => ReadLimit {
-                min_rows: None,
-                ..self.spec.limit
-            },
-            _ => self.spec.limit,
-        };
+        let limit = self.read_limit();
         let t = Instant::now();
         let latest = self
             .spec
@@ -483,6 +649,7 @@ impl Runner {
     async fn run_batch(
         &self,
         p: &Planned,
+        read: Option<ReadRows>,
         start: Option<&SourceOffset>,
         late_watermark_ms: i64,
         durations: &mut BTreeMap<String, u64>,
@@ -490,17 +657,32 @@ impl Runner {
         let id = p.id;
         self.shared.set_current_batch(id);
         let ctx = &self.spec.ctx;
-        let t = Instant::now();
-        let df = self
-            .spec
-            .source
-            .read_range(ctx, start, &p.end)
-            .await
-            .map_err(self.in_batch(id, "reading the source"))?;
-        let (table, rows) = materialize(df)
-            .await
-            .map_err(self.in_batch(id, "reading the source"))?;
-        durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
+        let read = match read {
+            Some(r) => r,
+            None => {
+                let t = Instant::now();
+                let df = self
+                    .spec
+                    .source
+                    .read_range(ctx, start, &p.end)
+                    .await
+                    .map_err(self.in_batch(id, "reading the source"))?;
+                let (table, count) = materialize(df)
+                    .await
+                    .map_err(self.in_batch(id, "reading the source"))?;
+                durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
+                ReadRows {
+                    table,
+                    count,
+                    metrics: self.spec.source.metrics(),
+                }
+            }
+        };
+        let ReadRows {
+            table,
+            count: rows,
+            metrics: source_metrics,
+        } = read;
 
         let t = Instant::now();
         let event = self.watermark.as_ref().map(|(column, delay_ms)| EventTime {
@@ -514,6 +696,21 @@ impl Runner {
             .await
             .map_err(self.in_batch(id, "applying the transforms"))?;
         durations.insert("queryPlanning".into(), t.elapsed().as_millis() as u64);
+
+        // The next batch is read while this one's function writes (see the module docs).
+        let ahead = self.reads_ahead();
+        if ahead {
+            let handle = tokio::spawn(
+                read_ahead(
+                    self.spec.source.clone(),
+                    ctx.clone(),
+                    p.end.clone(),
+                    self.read_limit(),
+                )
+                .instrument(self.batch_span(id + 1)),
+            );
+            *self.ahead.lock().await = Some(handle);
+        }
 
         let t = Instant::now();
         fault::hit("before-user-fn", id)?;
@@ -588,11 +785,12 @@ impl Runner {
             )
             .await?;
         fault::hit("after-commit-write", id)?;
-        self.spec
-            .source
-            .commit(&p.end)
-            .await
-            .map_err(self.in_batch(id, "telling the source the batch is committed"))?;
+        // With a read ahead running, the source hears of the commit once that read is done
+        // (a source is never asked two things at once).
+        *self.untold.lock().await = Some((id, p.end.clone()));
+        if !ahead {
+            self.tell_committed().await?;
+        }
         if let Some(keep_from) = crate::checkpoint::retention::keep_from(id, self.spec.retain) {
             self.spec.checkpoint.purge(keep_from).await?;
         }
@@ -609,6 +807,7 @@ impl Runner {
         Ok(Ran {
             rows,
             metrics,
+            source_metrics,
             state_operators,
             next_watermark,
             event_time,
@@ -660,7 +859,7 @@ impl Runner {
         p: &Planned,
         start: Option<&SourceOffset>,
         rows: u64,
-        metrics: &SinkMetrics,
+        (metrics, source_metrics): (&SinkMetrics, BTreeMap<String, String>),
         t: Timing,
     ) {
         let Timing {
@@ -697,7 +896,7 @@ impl Runner {
                 num_input_rows: rows,
                 input_rows_per_second: input,
                 processed_rows_per_second: processed,
-                metrics: self.spec.source.metrics(),
+                metrics: source_metrics,
             }],
             sink: SinkProgress {
                 description: "ForeachBatchSink".into(),
@@ -741,6 +940,8 @@ struct Ran {
     /// Input rows.
     rows: u64,
     metrics: Arc<SinkMetrics>,
+    /// The source's figures as of the batch's read.
+    source_metrics: BTreeMap<String, String>,
     /// The stateful operators' progress entries.
     state_operators: Vec<serde_json::Value>,
     /// The watermark for the next batch (`nextBatchWatermarkMs`).

@@ -72,6 +72,8 @@ async fn a_failed_batch_is_not_committed_and_runs_again_with_the_same_id_and_row
     );
     assert!(dir.path().join("offsets/1").exists());
     assert!(!dir.path().join("commits/1").exists());
+    // Batch 2 was read ahead while batch 1 ran, but never recorded.
+    assert!(!dir.path().join("offsets/2").exists());
 
     let calls2: Calls = Arc::default();
     let q = WeirSession::new()
@@ -351,4 +353,138 @@ async fn a_missing_checkpoint_or_function_is_a_setting_error() {
         matches!(err, Error::Config { ref key, .. } if key == "checkpoint"),
         "{err}"
     );
+}
+
+/// A memory source that logs what the engine asks of it.
+struct Logged {
+    inner: MemorySource,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+fn batch_of(o: Option<&weir_core::SourceOffset>) -> i64 {
+    o.and_then(|o| o.json()["batches"].as_i64()).unwrap_or(0)
+}
+
+#[async_trait::async_trait]
+impl weir_core::Source for Logged {
+    fn description(&self) -> String {
+        self.inner.description()
+    }
+    fn schema(&self) -> weir_core::datafusion::arrow::datatypes::SchemaRef {
+        self.inner.schema()
+    }
+    async fn latest_offset(
+        &self,
+        start: Option<&weir_core::SourceOffset>,
+        limit: weir_core::ReadLimit,
+    ) -> weir_core::Result<Option<weir_core::SourceOffset>> {
+        let out = self.inner.latest_offset(start, limit).await?;
+        self.log.lock().unwrap().push(format!(
+            "latest {}->{}",
+            batch_of(start),
+            batch_of(out.as_ref())
+        ));
+        Ok(out)
+    }
+    async fn read_range(
+        &self,
+        ctx: &weir_core::datafusion::prelude::SessionContext,
+        start: Option<&weir_core::SourceOffset>,
+        end: &weir_core::SourceOffset,
+    ) -> weir_core::Result<DataFrame> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("read {}->{}", batch_of(start), batch_of(Some(end))));
+        self.inner.read_range(ctx, start, end).await
+    }
+    async fn commit(&self, end: &weir_core::SourceOffset) -> weir_core::Result<()> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("commit {}", batch_of(Some(end))));
+        self.inner.commit(end).await
+    }
+}
+
+/// Available-now: the next batch's range is planned and read while the function writes the
+/// current one, but `offsets/N+1` is written only after `commits/N`, and the source hears of
+/// a commit only after the read beside it ended. Every row comes once, in order.
+#[tokio::test]
+async fn the_next_batch_is_read_while_the_function_runs_and_recorded_after_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let src = Arc::new(Logged {
+        inner: source_with(&[(0, 3), (3, 5), (5, 9)]),
+        log: log.clone(),
+    });
+    let seen: Calls = Arc::default();
+    let (s, l, d) = (seen.clone(), log.clone(), dir.path().to_path_buf());
+    let q = WeirSession::new()
+        .read_stream()
+        .source(src)
+        .max_offsets_per_trigger(1)
+        .load()
+        .await
+        .unwrap()
+        .write_stream()
+        .checkpoint(dir.path())
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(move |b: DataFrame, c: BatchContext| {
+            let (s, l, d) = (s.clone(), l.clone(), d.clone());
+            async move {
+                let id = c.batch_id;
+                // Wait until the read ahead of the next batch (if any) has happened.
+                let want = format!("read {}->{}", id + 1, id + 2);
+                for _ in 0..200 {
+                    if id == 2 || l.lock().unwrap().contains(&want) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                l.lock().unwrap().push(format!("fn {id}"));
+                // The batch read ahead is not recorded while this one runs.
+                assert!(!d.join(format!("offsets/{}", id + 1)).exists());
+                let got = ids(&b.collect().await?);
+                s.lock().unwrap().push((id, c.is_replay, got));
+                Ok::<(), BoxError>(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    q.await_termination().await.unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![
+            (0, false, vec![0, 1, 2]),
+            (1, false, vec![3, 4]),
+            (2, false, vec![5, 6, 7, 8])
+        ]
+    );
+    let log = log.lock().unwrap().clone();
+    let at = |e: &str| {
+        log.iter()
+            .position(|x| x == e)
+            .unwrap_or_else(|| panic!("{e} not in {log:?}"))
+    };
+    // Batch 1 was planned and read before batch 0's function returned, and the source heard
+    // of batch 0's commit only after that read.
+    assert!(at("read 1->2") < at("fn 0"), "{log:?}");
+    assert!(at("read 1->2") < at("commit 1"), "{log:?}");
+    assert!(at("read 2->3") < at("fn 1"), "{log:?}");
+    assert!(
+        at("commit 1") < at("commit 2") && at("commit 2") < at("commit 3"),
+        "{log:?}"
+    );
+    // Each range was read once.
+    assert_eq!(
+        log.iter().filter(|x| x.starts_with("read")).count(),
+        3,
+        "{log:?}"
+    );
+    let p = q.recent_progress();
+    assert_eq!(p.len(), 3);
+    assert_eq!(p[1].duration("latestOffset"), 0);
+    assert_eq!(p.iter().map(|p| p.num_input_rows).sum::<u64>(), 9);
 }
