@@ -11,14 +11,14 @@ use crate::quote_ident;
 /// A connection that reconnects when the server dropped it.
 pub(crate) struct Conn {
     url: String,
-    client: Mutex<Option<Client>>,
+    client: std::sync::Arc<Mutex<Option<Client>>>,
 }
 
 impl Conn {
     pub fn new(url: String) -> Self {
         Conn {
             url,
-            client: Mutex::new(None),
+            client: Default::default(),
         }
     }
 
@@ -27,8 +27,8 @@ impl Conn {
     pub async fn get(
         &self,
         ledger: &str,
-    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, tokio_postgres::Error> {
-        let mut guard = self.client.lock().await;
+    ) -> Result<tokio::sync::OwnedMutexGuard<Option<Client>>, tokio_postgres::Error> {
+        let mut guard = self.client.clone().lock_owned().await;
         if guard.as_ref().is_none_or(Client::is_closed) {
             let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
             tokio::spawn(async move {
@@ -84,7 +84,7 @@ pub(crate) enum Claim {
 /// older weir, one row per batch ever, shrinks over a few batches instead of in one long
 /// transaction): one statement, one round trip.
 pub(crate) async fn claim(
-    tx: &Transaction<'_>,
+    tx: &(impl tokio_postgres::GenericClient + Sync),
     ledger: &str,
     app_id: &str,
     batch_id: u64,

@@ -112,11 +112,13 @@ fn timestamp_micros(col: &ArrayRef, unit: &TimeUnit) -> Result<Vec<Option<i64>>,
 }
 
 /// A batch's columns, checked and ready for [`cell`].
+#[derive(Debug)]
 pub struct Prepared {
     cols: Vec<Col>,
     rows: usize,
 }
 
+#[derive(Debug)]
 enum Col {
     Plain(ArrayRef),
     /// µs since 1970, checked against PostgreSQL's range.

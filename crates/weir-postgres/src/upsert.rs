@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use futures::pin_mut;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{CopyInSink, Transaction};
+use tokio_postgres::{Client, CopyInSink};
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::prelude::DataFrame;
@@ -50,8 +50,68 @@ pub struct PostgresUpsert {
     allow_app_id_reuse: bool,
     null_keys: NullKeys,
     null_ordering: NullOrdering,
+    /// The transaction [`ForeachBatch::stage`] left open, for the `call` of the same attempt.
+    staged: std::sync::Arc<tokio::sync::Mutex<Option<Open>>>,
 }
 
+/// An attempt's transaction, open: the batch claimed in the ledger and its rows upserted
+/// (or, for a batch that had landed, its staging rows cleared), not yet committed. It holds
+/// the connection; dropped without [`Open::commit`], it is rolled back.
+#[derive(Debug)]
+struct Open {
+    /// (run id, batch id) of the attempt.
+    attempt: (u128, u64),
+    guard: Option<tokio::sync::OwnedMutexGuard<Option<Client>>>,
+    rows: usize,
+    /// `false`: the ledger had the batch; committing only clears its staging rows.
+    new: bool,
+}
+
+impl Open {
+    async fn commit(mut self) -> Result<(), tokio_postgres::Error> {
+        if let Some(client) = self.guard.as_mut().and_then(|g| g.as_mut()) {
+            client.batch_execute("COMMIT").await?;
+        }
+        // Committed: nothing to roll back.
+        self.guard = None;
+        Ok(())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        // Not committed (an error, or a sink before this one failed): roll back before the
+        // connection is used again; the task holds it until then. A client that cannot roll
+        // back is dropped (the server ends its transaction) and the next use reconnects.
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            *guard = None;
+            return;
+        };
+        rt.spawn(async move {
+            let failed = match guard.as_mut() {
+                Some(c) => c.batch_execute("ROLLBACK").await.is_err(),
+                None => false,
+            };
+            if failed {
+                *guard = None;
+            }
+        });
+    }
+}
+
+/// A batch's rows checked and loaded as far as an attempt goes before its transaction.
+#[derive(Debug)]
+struct Loaded {
+    cols: Columns,
+    rows: usize,
+    /// The rows for the transaction to load (empty when they are in the staging table).
+    batches: Vec<crate::types::Prepared>,
+}
+
+#[derive(Debug)]
 struct Columns {
     names: Vec<String>,
     types: Vec<Type>,
@@ -82,6 +142,7 @@ impl PostgresUpsert {
             allow_app_id_reuse: false,
             null_keys: NullKeys::Error,
             null_ordering: NullOrdering::Error,
+            staged: Default::default(),
         }
     }
 
@@ -311,7 +372,7 @@ impl PostgresUpsert {
     }
 
     async fn insert_rows(
-        tx: &Transaction<'_>,
+        tx: &Client,
         temp: &str,
         list: &str,
         cols: &Columns,
@@ -343,7 +404,13 @@ impl PostgresUpsert {
         Ok(())
     }
 
-    async fn upsert(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), PostgresSinkError> {
+    /// What every attempt does before its transaction: checks and prepares the rows, makes
+    /// the tables, and in the staging variant clears and loads the batch's staging rows.
+    async fn load(
+        &self,
+        batch: DataFrame,
+        ctx: &BatchContext,
+    ) -> Result<Loaded, PostgresSinkError> {
         let id = ctx.batch_id;
         if self.keys.is_empty() {
             return Err(PostgresSinkError::Config {
@@ -451,9 +518,75 @@ impl PostgresUpsert {
                 .map_err(self.db(id, "COPY into the staging table"))?;
             fault::hit(POINT_AFTER_STAGING, id).map_err(self.engine(id))?;
         }
+        Ok(Loaded {
+            cols,
+            rows,
+            batches: if self.staging.is_some() {
+                Vec::new()
+            } else {
+                batches
+            },
+        })
+    }
+
+    async fn upsert(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), PostgresSinkError> {
+        let id = ctx.batch_id;
+        // Opened beside the sinks before this one (a fan-out), or now.
+        let staged = self.staged.lock().await.take();
+        let open = match staged.filter(|o| o.attempt == (ctx.run_id.as_u128(), id)) {
+            Some(o) => o,
+            None => self.open(batch, ctx).await?,
+        };
+        // Killed here, the open transaction (ledger row included) is rolled back.
+        fault::hit(POINT_BEFORE_COMMIT, id).map_err(self.engine(id))?;
+        let (rows, new) = (open.rows, open.new);
+        open.commit().await.map_err(self.db(id, "COMMIT"))?;
+        fault::hit(POINT_AFTER_COMMIT, id).map_err(self.engine(id))?;
+        if new {
+            ctx.metrics.add_output_rows(rows as u64);
+        } else {
+            tracing::info!(table = %self.table, "batch {id} skipped: the ledger {} already has it", self.ledger);
+            ctx.metrics.add_skipped(&self.label());
+        }
+        Ok(())
+    }
+
+    /// Everything of an attempt but its COMMIT: load the rows, BEGIN, claim the batch in
+    /// the ledger, upsert (or, for a batch that landed, clear its staging rows).
+    async fn open(&self, batch: DataFrame, ctx: &BatchContext) -> Result<Open, PostgresSinkError> {
+        let id = ctx.batch_id;
+        let Loaded {
+            cols,
+            rows,
+            batches,
+        } = self.load(batch, ctx).await?;
+        let list = quote_list(&cols.names);
+        let app_id = self.ledger_key(&ctx.query());
+        let guard = self
+            .conn
+            .get(&self.ledger)
+            .await
+            .map_err(self.db(id, "connecting"))?;
         fault::hit(POINT_BEFORE_BEGIN, id).map_err(self.engine(id))?;
-        let tx = client.transaction().await.map_err(self.db(id, "BEGIN"))?;
-        let claimed = claim(&tx, &self.ledger, &app_id, id, rows as i64)
+        let mut open = Open {
+            attempt: (ctx.run_id.as_u128(), id),
+            guard: Some(guard),
+            rows,
+            new: true,
+        };
+        let Some(client) = open.guard.as_mut().and_then(|g| g.as_mut()) else {
+            return Err(PostgresSinkError::Config {
+                table: self.table.clone(),
+                key: "url",
+                reason: "no connection".into(),
+            });
+        };
+        // From here on, an error drops `open`, which rolls back.
+        client
+            .batch_execute("BEGIN")
+            .await
+            .map_err(self.db(id, "BEGIN"))?;
+        let claimed = claim(&*client, &self.ledger, &app_id, id, rows as i64)
             .await
             .map_err(self.db(id, "claiming the batch in the ledger"))?;
         if claimed != Claim::New {
@@ -487,28 +620,22 @@ impl PostgresUpsert {
                     "DELETE FROM {} WHERE weir_app_id = $1 AND weir_batch_id = $2",
                     quote_ident(staging)
                 );
-                tx.execute(&clear, &[&app_id, &(id as i64)])
+                client
+                    .execute(&clear, &[&app_id, &(id as i64)])
                     .await
                     .map_err(self.db(id, "clearing the batch's staging rows"))?;
             }
-            tx.commit().await.map_err(self.db(id, "COMMIT"))?;
-            tracing::info!(table = %self.table, "batch {id} skipped: the ledger {} already has it", self.ledger);
-            ctx.metrics.add_skipped(&self.label());
-            return Ok(());
+            open.new = false;
+            return Ok(open);
         }
-        self.write_in_tx(&tx, &cols, &batches, &list, &app_id, id)
+        self.write_in_tx(client, &cols, &batches, &list, &app_id, id)
             .await?;
-        // Killed here, the open transaction (ledger row included) is rolled back.
-        fault::hit(POINT_BEFORE_COMMIT, id).map_err(self.engine(id))?;
-        tx.commit().await.map_err(self.db(id, "COMMIT"))?;
-        fault::hit(POINT_AFTER_COMMIT, id).map_err(self.engine(id))?;
-        ctx.metrics.add_output_rows(rows as u64);
-        Ok(())
+        Ok(open)
     }
 
     async fn write_in_tx(
         &self,
-        tx: &Transaction<'_>,
+        tx: &Client,
         cols: &Columns,
         batches: &[crate::types::Prepared],
         list: &str,
@@ -569,5 +696,28 @@ impl PostgresUpsert {
 impl ForeachBatch for PostgresUpsert {
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
         Ok(self.upsert(batch, &ctx).await?)
+    }
+
+    /// Everything but the COMMIT, beside the sinks before this one in a fan-out: rows
+    /// loaded, ledger claimed and upsert run in a transaction left open; `call` commits it
+    /// after them, so this table still changes after theirs, and a failure before that rolls
+    /// it back.
+    async fn stage(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
+        // One left by an attempt that never reached its call is rolled back first.
+        drop(self.staged.lock().await.take());
+        let open = self.open(batch, &ctx).await?;
+        *self.staged.lock().await = Some(open);
+        Ok(())
+    }
+
+    async fn discard(&self, ctx: BatchContext) {
+        let mut staged = self.staged.lock().await;
+        if staged
+            .as_ref()
+            .is_some_and(|o| o.attempt == (ctx.run_id.as_u128(), ctx.batch_id))
+        {
+            // Rolled back on drop.
+            *staged = None;
+        }
     }
 }

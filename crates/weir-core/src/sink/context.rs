@@ -121,6 +121,8 @@ pub enum SinkMetric {
     Skipped,
     /// ms the sink took (a fan-out records it per sink).
     DurationMs,
+    /// ms the sink's staging took, beside the sinks before it (a fan-out records it).
+    StageMs,
     /// The table version the batch's commit made (Delta).
     Version,
     /// Rows inserted (MERGE / upsert).
@@ -135,9 +137,10 @@ pub enum SinkMetric {
 
 impl SinkMetric {
     /// Every metric, for parsing.
-    pub const ALL: [SinkMetric; 7] = [
+    pub const ALL: [SinkMetric; 8] = [
         SinkMetric::Skipped,
         SinkMetric::DurationMs,
+        SinkMetric::StageMs,
         SinkMetric::Version,
         SinkMetric::Inserted,
         SinkMetric::Updated,
@@ -150,6 +153,7 @@ impl SinkMetric {
         match self {
             SinkMetric::Skipped => "skipped",
             SinkMetric::DurationMs => "durationMs",
+            SinkMetric::StageMs => "stageMs",
             SinkMetric::Version => "version",
             SinkMetric::Inserted => "inserted",
             SinkMetric::Updated => "updated",

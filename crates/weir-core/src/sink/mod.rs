@@ -46,6 +46,20 @@ pub trait ForeachBatch: Send + Sync {
 
     /// Writes one batch (see the trait docs).
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError>;
+
+    /// Work of `call` that no reader sees and that every attempt redoes from scratch (the
+    /// PostgreSQL sink's staging rows, cleared and loaded again per attempt). A [`FanOut`]
+    /// runs it beside the sinks before this one, so it overlaps their writes, and calls
+    /// `call` after it, in the same order as without it; `call` then skips what was staged
+    /// for this run and batch. Called alone, `call` does everything. The default stages
+    /// nothing.
+    async fn stage(&self, _batch: DataFrame, _ctx: BatchContext) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// The `call` after a successful `stage` will not come (a sink before this one failed):
+    /// drop what the stage holds. The default has nothing to drop.
+    async fn discard(&self, _ctx: BatchContext) {}
 }
 
 #[async_trait]
@@ -64,6 +78,11 @@ where
 /// stops the rest. Put the write that is hardest to undo last. The memory is released when
 /// the call returns, whether it succeeded or not. Each sink's time goes into the progress
 /// report's `sink.metrics` as `<name>.durationMs`.
+///
+/// What the sinks stage ([`ForeachBatch::stage`]) runs from the start, one sink after
+/// another, beside the calls of the sinks before; a sink's `call` waits for its stage. The
+/// call returns only when staging has ended, also when a sink failed; sinks whose call did
+/// not come are told to discard what they staged. A stage's time is `<name>.stageMs`.
 pub struct FanOut {
     sinks: Vec<(String, Arc<dyn ForeachBatch>)>,
 }
@@ -109,18 +128,72 @@ impl ForeachBatch for FanOut {
         } else {
             batch
         };
-        for (name, sink) in &self.sinks {
+        // Stages run one after another in one task (a stage may wait for what an earlier
+        // one holds until that sink's call; in parallel, two could wait for each other).
+        let mut done = Vec::new();
+        let mut senders = Vec::new();
+        for _ in &self.sinks {
+            let (tx, rx) = tokio::sync::oneshot::channel::<Result<(), BoxError>>();
+            senders.push(tx);
+            done.push(Some(rx));
+        }
+        let sinks = self.sinks.clone();
+        let (b, c) = (batch.clone(), ctx.clone());
+        let stager = tokio::spawn(async move {
+            for ((name, sink), tx) in sinks.iter().zip(senders) {
+                let started = std::time::Instant::now();
+                let out = sink.stage(b.clone(), c.clone()).await;
+                let ms = started.elapsed().as_millis();
+                if ms > 0 {
+                    c.metrics.record(name, SinkMetric::StageMs, ms);
+                }
+                let failed = out.is_err();
+                if tx.send(out).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let (out, called) = self.call_in_order(&batch, &ctx, &mut done).await;
+        // No stage outlives the batch's call (a failed sink ends it early), and what a stage
+        // holds for a call that will not come is dropped.
+        let _ = stager.await;
+        for (_, sink) in self.sinks.iter().skip(called) {
+            sink.discard(ctx.clone()).await;
+        }
+        out
+    }
+}
+
+impl FanOut {
+    /// Calls the sinks in order, each after its stage; returns how many calls were made.
+    async fn call_in_order(
+        &self,
+        batch: &DataFrame,
+        ctx: &BatchContext,
+        staged: &mut [Option<tokio::sync::oneshot::Receiver<Result<(), BoxError>>>],
+    ) -> (Result<(), BoxError>, usize) {
+        let failed = |name: &String, source: BoxError| {
+            Box::new(Error::Sink {
+                sink: name.clone(),
+                batch_id: ctx.batch_id,
+                source,
+            }) as BoxError
+        };
+        for (i, ((name, sink), stage)) in self.sinks.iter().zip(staged.iter_mut()).enumerate() {
+            if let Some(stage) = stage.take() {
+                let out = match stage.await {
+                    Ok(r) => r,
+                    Err(_) => Err("staging the batch ended without an answer (a panic)".into()),
+                };
+                if let Err(source) = out {
+                    return (Err(failed(name, source)), i);
+                }
+            }
             let started = std::time::Instant::now();
             let rows_before = ctx.metrics.output_rows();
-            sink.call(batch.clone(), ctx.clone())
-                .await
-                .map_err(|source| {
-                    Box::new(Error::Sink {
-                        sink: name.clone(),
-                        batch_id: ctx.batch_id,
-                        source,
-                    }) as BoxError
-                })?;
+            if let Err(source) = sink.call(batch.clone(), ctx.clone()).await {
+                return (Err(failed(name, source)), i + 1);
+            }
             // Where addBatch went, per sink, in the progress report.
             ctx.metrics
                 .record(name, SinkMetric::DurationMs, started.elapsed().as_millis());
@@ -131,7 +204,7 @@ impl ForeachBatch for FanOut {
                     .record(name, SinkMetric::Rows, rows_after - rows_before.max(0));
             }
         }
-        Ok(())
+        (Ok(()), self.sinks.len())
     }
 }
 

@@ -558,3 +558,103 @@ async fn the_ledger_keeps_the_newest_batches_and_still_tells_replays_from_other_
         .unwrap_err();
     assert!(err.to_string().contains("already holds batch"), "{err}");
 }
+
+/// In a fan-out the upsert runs beside the sink before it, up to its COMMIT, which waits for
+/// that sink: a failure there rolls the upsert back (table and ledger untouched), and the
+/// same sink object then lands the replayed batch once, on the same connection.
+#[tokio::test]
+async fn in_a_fan_out_the_upsert_commits_only_after_the_sinks_before_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use weir_core::{BoxError, FanOut};
+    let url = postgres().url.clone();
+    for staging in [true, false] {
+        let table = format!("orders_fan_{staging}");
+        let mut pg =
+            PostgresUpsert::new(&url, &table, ["order_id"], "updated_at").create_table(true);
+        if staging {
+            pg = pg.staging_table(format!("{table}_staging"));
+        }
+        let pg = Arc::new(pg);
+        // The table and the ledger exist before (another query's empty batch makes them).
+        pg.call(df(&[]), ctx(uuid::Uuid::new_v4(), 0))
+            .await
+            .unwrap();
+        let q = uuid::Uuid::new_v4();
+        let app_id = format!("{}/{table}", ctx(q, 0).app_id());
+        // The sink before: while it runs, the upsert must not be visible; it fails at first.
+        let fail = Arc::new(AtomicBool::new(true));
+        let seen: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
+        let (f, s, u, t, a) = (
+            fail.clone(),
+            seen.clone(),
+            url.clone(),
+            table.clone(),
+            app_id.clone(),
+        );
+        let before = Arc::new(move |_df: DataFrame, _ctx: BatchContext| {
+            let (f, s, u, t, a) = (f.clone(), s.clone(), u.clone(), t.clone(), a.clone());
+            async move {
+                // Give the upsert time to run up to its COMMIT beside this sink.
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                let visible = pg_rows(
+                    &u,
+                    &format!(
+                        "SELECT order_id::text FROM {t} UNION ALL SELECT 'ledger' FROM weir_batches WHERE app_id = '{a}'"
+                    ),
+                )
+                .await;
+                s.lock().unwrap().push(visible);
+                if f.load(Ordering::SeqCst) {
+                    return Err::<(), BoxError>("the sink before fails".into());
+                }
+                Ok(())
+            }
+        }) as Arc<dyn ForeachBatch>;
+        let fan = FanOut::new([
+            ("before", before),
+            ("pg", pg.clone() as Arc<dyn ForeachBatch>),
+        ]);
+        let err = fan
+            .call(df(&[(1, "a", 1), (2, "b", 1)]), ctx(q, 0))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("before"), "{err}");
+        // Rolled back: nothing in the table or the ledger, and no session left waiting.
+        assert!(orders(&table).await.is_empty(), "staging={staging}");
+        assert_eq!(
+            pg_rows(
+                &url,
+                &format!("SELECT count(*)::text FROM weir_batches WHERE app_id = '{app_id}'")
+            )
+            .await,
+            vec!["0"]
+        );
+        fail.store(false, Ordering::SeqCst);
+        let replay = ctx(q, 0).replay(true);
+        fan.call(df(&[(1, "a", 1), (2, "b", 1)]), replay.clone())
+            .await
+            .unwrap();
+        assert_eq!(orders(&table).await, vec!["1|a", "2|b"]);
+        assert_eq!(replay.metrics.output_rows(), 2);
+        // The sink before never saw the upsert's rows or ledger row (both attempts).
+        for v in seen.lock().unwrap().iter() {
+            assert!(
+                v.is_empty(),
+                "staging={staging}: visible before COMMIT: {v:?}"
+            );
+        }
+        // A second replay finds the ledger row and changes nothing.
+        let again = ctx(q, 0).replay(true);
+        fan.call(df(&[(9, "must-not-appear", 9)]), again.clone())
+            .await
+            .unwrap();
+        assert_eq!(orders(&table).await, vec!["1|a", "2|b"]);
+        assert_eq!(again.metrics.skipped(), 1);
+        if staging {
+            assert_eq!(
+                pg_rows(&url, &format!("SELECT count(*)::text FROM {table}_staging")).await,
+                vec!["0"]
+            );
+        }
+    }
+}
