@@ -7,6 +7,26 @@ use rdkafka::client::DefaultClientContext;
 use crate::error::KafkaSourceError;
 use crate::options::KafkaOptions;
 
+/// Deletes `topic` from `bootstrap` (benches drop what they produced).
+pub async fn delete_topic(bootstrap: &str, topic: &str) -> Result<(), KafkaSourceError> {
+    let kafka_err = |source| KafkaSourceError::Kafka {
+        action: format!("deleting topic {topic}"),
+        source,
+    };
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(kafka_err)?;
+    let results = admin
+        .delete_topics(&[topic], &AdminOptions::new())
+        .await
+        .map_err(kafka_err)?;
+    for r in results {
+        r.map_err(|(_, code)| kafka_err(rdkafka::error::KafkaError::AdminOp(code)))?;
+    }
+    Ok(())
+}
+
 /// Creates `topic` with `partitions` partitions (replication 1) on `bootstrap`.
 pub async fn create_topic(
     bootstrap: &str,

@@ -20,7 +20,7 @@ mod options;
 mod read;
 mod source;
 
-pub use admin::{create_topic, end_offsets};
+pub use admin::{create_topic, delete_topic, end_offsets};
 pub use config::{KafkaConfig, ValueFormatName};
 pub use error::KafkaSourceError;
 pub use offsets::{check_loss, split_limit};
