@@ -322,7 +322,7 @@ impl Pipeline {
             .query_name(&self.query.name)
             .checkpoint(env.location("query.checkpoint", &self.query.checkpoint)?)
             .trigger(self.trigger()?)
-            .sink(FanOut::new(self.sinks()?));
+            .sink(FanOut::new(self.sinks()?).overlap_stages(true));
         if let Some(n) = self.query.min_batches_to_retain {
             writer = writer.min_batches_to_retain(n);
         }

@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::prelude::DataFrame;
+use futures::FutureExt;
+use tracing::Instrument;
 
 use crate::error::{BoxError, Error};
 
@@ -79,12 +81,14 @@ where
 /// the call returns, whether it succeeded or not. Each sink's time goes into the progress
 /// report's `sink.metrics` as `<name>.durationMs`.
 ///
-/// What the sinks stage ([`ForeachBatch::stage`]) runs from the start, one sink after
-/// another, beside the calls of the sinks before; a sink's `call` waits for its stage. The
-/// call returns only when staging has ended, also when a sink failed; sinks whose call did
-/// not come are told to discard what they staged. A stage's time is `<name>.stageMs`.
+/// With [`FanOut::overlap_stages`], what the sinks stage ([`ForeachBatch::stage`]) runs from
+/// the start, one sink after another, beside the calls of the sinks before; a sink's `call`
+/// waits for its stage. The call returns only when staging has ended, also when a sink
+/// failed or panicked; sinks whose call did not come are told to discard what they staged.
+/// A stage's time is `<name>.stageMs`.
 pub struct FanOut {
     sinks: Vec<(String, Arc<dyn ForeachBatch>)>,
+    overlap: bool,
 }
 
 impl FanOut {
@@ -94,7 +98,17 @@ impl FanOut {
     ) -> Self {
         FanOut {
             sinks: sinks.into_iter().map(|(n, s)| (n.into(), s)).collect(),
+            overlap: false,
         }
+    }
+
+    /// Stage each sink beside the sinks before it (off by default). A `PostgresUpsert` then
+    /// holds an open transaction, with its row locks, while the earlier sinks write: turn
+    /// this on only when no earlier sink writes the same PostgreSQL rows (it would wait for
+    /// a COMMIT that waits for it). `weir run` turns it on: its sinks are known.
+    pub fn overlap_stages(mut self, on: bool) -> Self {
+        self.overlap = on;
+        self
     }
 }
 
@@ -128,6 +142,10 @@ impl ForeachBatch for FanOut {
         } else {
             batch
         };
+        if !self.overlap {
+            let mut none: Vec<_> = self.sinks.iter().map(|_| None).collect();
+            return self.call_in_order(&batch, &ctx, &mut none).await.0;
+        }
         // Stages run one after another in one task (a stage may wait for what an earlier
         // one holds until that sink's call; in parallel, two could wait for each other).
         let mut done = Vec::new();
@@ -137,30 +155,51 @@ impl ForeachBatch for FanOut {
             senders.push(tx);
             done.push(Some(rx));
         }
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sinks = self.sinks.clone();
-        let (b, c) = (batch.clone(), ctx.clone());
-        let stager = tokio::spawn(async move {
-            for ((name, sink), tx) in sinks.iter().zip(senders) {
-                let started = std::time::Instant::now();
-                let out = sink.stage(b.clone(), c.clone()).await;
-                let ms = started.elapsed().as_millis();
-                if ms > 0 {
-                    c.metrics.record(name, SinkMetric::StageMs, ms);
-                }
-                let failed = out.is_err();
-                if tx.send(out).is_err() || failed {
-                    return;
+        let (b, c, halt) = (batch.clone(), ctx.clone(), stop.clone());
+        let stager = tokio::spawn(
+            async move {
+                for ((name, sink), tx) in sinks.iter().zip(senders) {
+                    if halt.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    let started = std::time::Instant::now();
+                    let out = sink.stage(b.clone(), c.clone()).await;
+                    let ms = started.elapsed().as_millis();
+                    if ms > 0 {
+                        c.metrics.record(name, SinkMetric::StageMs, ms);
+                    }
+                    let failed = out.is_err();
+                    if tx.send(out).is_err() || failed {
+                        return;
+                    }
                 }
             }
-        });
-        let (out, called) = self.call_in_order(&batch, &ctx, &mut done).await;
-        // No stage outlives the batch's call (a failed sink ends it early), and what a stage
-        // holds for a call that will not come is dropped.
+            .in_current_span(),
+        );
+        let out = std::panic::AssertUnwindSafe(self.call_in_order(&batch, &ctx, &mut done))
+            .catch_unwind()
+            .await;
+        // A failed or panicking sink ends the batch: no further stage starts, what the
+        // stages hold for calls that will not come is dropped (first, as a running stage may
+        // wait for it), and no stage outlives the call.
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let called = match &out {
+            Ok((_, called)) => *called,
+            Err(_) => 0,
+        };
+        for (_, sink) in self.sinks.iter().skip(called) {
+            sink.discard(ctx.clone()).await;
+        }
         let _ = stager.await;
         for (_, sink) in self.sinks.iter().skip(called) {
             sink.discard(ctx.clone()).await;
         }
-        out
+        match out {
+            Ok((result, _)) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 }
 

@@ -611,9 +611,10 @@ async fn in_a_fan_out_the_upsert_commits_only_after_the_sinks_before_it() {
             }
         }) as Arc<dyn ForeachBatch>;
         let fan = FanOut::new([
-            ("before", before),
+            ("before", before.clone()),
             ("pg", pg.clone() as Arc<dyn ForeachBatch>),
-        ]);
+        ])
+        .overlap_stages(true);
         let err = fan
             .call(df(&[(1, "a", 1), (2, "b", 1)]), ctx(q, 0))
             .await
@@ -656,5 +657,31 @@ async fn in_a_fan_out_the_upsert_commits_only_after_the_sinks_before_it() {
                 vec!["0"]
             );
         }
+        // Two upserts of the same rows after a sink that fails: the second one's stage waits
+        // for the first one's locks, which the failure releases (no hang), and nothing lands.
+        fail.store(true, Ordering::SeqCst);
+        let other = Arc::new(
+            PostgresUpsert::new(&url, &table, ["order_id"], "updated_at").app_id("second"),
+        ) as Arc<dyn ForeachBatch>;
+        let fan2 = FanOut::new([
+            ("before", before),
+            ("pg", pg.clone() as Arc<dyn ForeachBatch>),
+            ("pg2", other),
+        ])
+        .overlap_stages(true);
+        let q2 = uuid::Uuid::new_v4();
+        let failed = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            fan2.call(df(&[(1, "z", 50), (3, "z", 50)]), ctx(q2, 0)),
+        )
+        .await
+        .expect("the fan-out ends after its failure");
+        assert!(failed.is_err());
+        assert_eq!(orders(&table).await, vec!["1|a", "2|b"]);
+        fail.store(false, Ordering::SeqCst);
+        fan2.call(df(&[(1, "z", 50), (3, "z", 50)]), ctx(q2, 0).replay(true))
+            .await
+            .unwrap();
+        assert_eq!(orders(&table).await, vec!["1|z", "2|b", "3|z"]);
     }
 }
