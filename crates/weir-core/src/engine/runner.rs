@@ -252,15 +252,18 @@ impl Runner {
     }
 
     async fn run(mut self) -> Result<()> {
-        let result = self.run_batches().await;
-        // A read ahead still running is waited for, whatever ended the query: it holds
-        // the source (a file source logs the file list it planned), and nothing of a query
-        // may run after it ended.
+        let result = AssertUnwindSafe(self.run_batches()).catch_unwind().await;
+        // A read ahead still running is waited for, whatever ended the query (a panic too):
+        // it holds the source (a file source logs the file list it planned), and nothing of
+        // a query may run after it ended and released its checkpoint.
         let ahead = self.ahead.get_mut().take();
         if let Some(handle) = ahead {
             let _ = handle.await;
         }
-        result?;
+        match result {
+            Ok(result) => result?,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
         self.tell_committed().await
     }
 
