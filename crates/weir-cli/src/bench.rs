@@ -435,7 +435,7 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
         per_sink.insert(label, v.into());
     }
     let floor = postgres_floor(&dir, &files, 200_000, url)?;
-    let floor_ms = floor_median(&floor);
+    let floor_ms = median(floor.iter().map(|m| m.round() as u64).collect()) as f64;
     let trigger_ms = median(
         progress
             .iter()
@@ -602,12 +602,6 @@ fn postgres_floor(dir: &Path, files: &[PathBuf], batch_rows: usize, url: &str) -
     }
     let _ = std::fs::remove_dir_all(&floor);
     Ok(per_batch)
-}
-
-fn floor_median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// What librdkafka itself reaches against the broker: a new consumer assigned to every

@@ -3,9 +3,16 @@
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
 
 use crate::error::KafkaSourceError;
 use crate::options::KafkaOptions;
+
+fn admin_client(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>, KafkaError> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+}
 
 /// Deletes `topic` from `bootstrap` (benches drop what they produced).
 pub async fn delete_topic(bootstrap: &str, topic: &str) -> Result<(), KafkaSourceError> {
@@ -13,16 +20,13 @@ pub async fn delete_topic(bootstrap: &str, topic: &str) -> Result<(), KafkaSourc
         action: format!("deleting topic {topic}"),
         source,
     };
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(kafka_err)?;
-    let results = admin
+    let results = admin_client(bootstrap)
+        .map_err(kafka_err)?
         .delete_topics(&[topic], &AdminOptions::new())
         .await
         .map_err(kafka_err)?;
     for r in results {
-        r.map_err(|(_, code)| kafka_err(rdkafka::error::KafkaError::AdminOp(code)))?;
+        r.map_err(|(_, code)| kafka_err(KafkaError::AdminOp(code)))?;
     }
     Ok(())
 }
@@ -37,11 +41,8 @@ pub async fn create_topic(
         action: format!("creating topic {topic}"),
         source,
     };
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(kafka_err)?;
-    let results = admin
+    let results = admin_client(bootstrap)
+        .map_err(kafka_err)?
         .create_topics(
             &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
             &AdminOptions::new(),
@@ -49,7 +50,7 @@ pub async fn create_topic(
         .await
         .map_err(kafka_err)?;
     for r in results {
-        r.map_err(|(_, code)| kafka_err(rdkafka::error::KafkaError::AdminOp(code)))?;
+        r.map_err(|(_, code)| kafka_err(KafkaError::AdminOp(code)))?;
     }
     Ok(())
 }

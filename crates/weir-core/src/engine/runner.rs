@@ -191,8 +191,6 @@ struct Planned {
     latest: Option<SourceOffset>,
     metadata: OffsetSeqMetadata,
     replay: bool,
-    /// The rows, when they were read ahead.
-    rows: Option<ReadRows>,
 }
 
 /// A batch's rows read into memory, with the source's figures as of that read.
@@ -226,19 +224,30 @@ async fn read_ahead(
         return Ok(None);
     };
     let latest = source.latest_seen().unwrap_or_else(|| end.clone());
-    let df = source.read_range(&ctx, Some(&start), &end).await?;
-    let (table, count) = materialize(df).await?;
-    let metrics = source.metrics();
+    let rows = read_rows(source.as_ref(), &ctx, Some(&start), &end).await?;
     Ok(Some(Ahead {
         start,
         end,
         latest,
-        rows: ReadRows {
-            table,
-            count,
-            metrics,
-        },
+        rows,
     }))
+}
+
+/// Step 3: reads `(start, end]` into memory once (see [`materialize`]), with the source's
+/// figures as of the read.
+async fn read_rows(
+    source: &dyn Source,
+    ctx: &SessionContext,
+    start: Option<&SourceOffset>,
+    end: &SourceOffset,
+) -> Result<ReadRows> {
+    let df = source.read_range(ctx, start, end).await?;
+    let (table, count) = materialize(df).await?;
+    Ok(ReadRows {
+        table,
+        count,
+        metrics: source.metrics(),
+    })
 }
 
 impl Runner {
@@ -399,7 +408,9 @@ impl Runner {
                 .settle(next_id)
                 .await?
                 .filter(|(a, _)| Some(&a.start) == start.as_ref());
-            let mut planned = match (pending.take(), ahead) {
+            // The rows, when they were read ahead.
+            let mut read = None;
+            let planned = match (pending.take(), ahead) {
                 (Some(seq), _) => {
                     let end = seq.source(0, &self.spec.checkpoint.offsets_name(next_id))?;
                     tracing::info!(query = %self.shared.name, batch = next_id, "running batch {next_id} again with its recorded offsets {end}");
@@ -409,19 +420,16 @@ impl Runner {
                         latest: None,
                         metadata: seq.metadata,
                         replay: true,
-                        rows: None,
                     }
                 }
                 // Read while the batch before ran: only the wait for it is this batch's.
                 (None, Some((a, waited))) => {
                     durations.insert("latestOffset".into(), 0);
                     durations.insert("getBatch".into(), waited);
-                    let mut p = self
-                        .record(next_id, a.end, a.latest, watermark_ms, &mut durations)
+                    read = Some(a.rows);
+                    self.record(next_id, a.end, a.latest, watermark_ms, &mut durations)
                         .instrument(self.batch_span(next_id))
-                        .await?;
-                    p.rows = Some(a.rows);
-                    p
+                        .await?
                 }
                 (None, None) => match self
                     .plan(next_id, start.as_ref(), watermark_ms, &mut durations)
@@ -494,7 +502,6 @@ impl Runner {
             };
             idle_reported = false;
             let id = planned.id;
-            let read = planned.rows.take();
             let Ran {
                 rows,
                 metrics,
@@ -601,7 +608,6 @@ impl Runner {
             end,
             metadata,
             replay: false,
-            rows: None,
         })
     }
 
@@ -664,21 +670,11 @@ impl Runner {
             Some(r) => r,
             None => {
                 let t = Instant::now();
-                let df = self
-                    .spec
-                    .source
-                    .read_range(ctx, start, &p.end)
-                    .await
-                    .map_err(self.in_batch(id, "reading the source"))?;
-                let (table, count) = materialize(df)
+                let r = read_rows(self.spec.source.as_ref(), ctx, start, &p.end)
                     .await
                     .map_err(self.in_batch(id, "reading the source"))?;
                 durations.insert("getBatch".into(), t.elapsed().as_millis() as u64);
-                ReadRows {
-                    table,
-                    count,
-                    metrics: self.spec.source.metrics(),
-                }
+                r
             }
         };
         let ReadRows {
