@@ -293,7 +293,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 }
 
 /// Records/s from Kafka through JSON parsing into the batch DataFrame: produces `n` order
-/// records into a new 3-partition topic, then reads them in batches of 200,000.
+/// records into a new 3-partition topic, then reads them in batches of 200,000, three times,
+/// each read followed by a consume-only librdkafka loop over the same topic.
 async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
     use weir_kafka::{BadRecordMode, KafkaOptions, KafkaSource, ValueFormat};
 
@@ -310,50 +311,75 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
         schema: orders_schema(),
         mode: BadRecordMode::FailFast,
     };
-    let started = Instant::now();
-    let writer = WeirSession::new()
-        .read_stream()
-        .source(Arc::new(KafkaSource::new(opts)?))
-        .max_offsets_per_trigger(200_000)
-        .load()
-        .await?
-        .write_stream()
-        .query_name("kafka-bench")
-        .checkpoint(work.join("checkpoint"))
-        .trigger(Trigger::AvailableNow)
-        .foreach_batch(|batch, _ctx| async move {
-            batch.count().await?;
-            Ok(())
+    // The broker's pace varies from run to run (a fetch now and then stalls for a second):
+    // weir's read and the consume-only loop take turns, three times, and each gives its best.
+    let mut runs = Vec::new();
+    let mut ceilings = Vec::new();
+    for round in 0..3 {
+        let started = Instant::now();
+        let writer = WeirSession::new()
+            .read_stream()
+            .source(Arc::new(KafkaSource::new(opts.clone())?))
+            .max_offsets_per_trigger(200_000)
+            .load()
+            .await?
+            .write_stream()
+            .query_name("kafka-bench")
+            .checkpoint(work.join(format!("checkpoint-{round}")))
+            .trigger(Trigger::AvailableNow)
+            .foreach_batch(|batch, _ctx| async move {
+                batch.count().await?;
+                Ok(())
+            });
+        let (seconds, progress, rows) = run_to_end(writer, started).await?;
+        if rows != n as u64 {
+            weir_kafka::delete_topic(bootstrap, &topic).await?;
+            bail!("kafka: read {rows} records, produced {n}");
+        }
+        let get_ms: u64 = progress.iter().map(|p| p.duration("getBatch")).sum();
+        runs.push(KafkaRun {
+            seconds,
+            batches: progress.len(),
+            read_and_parse: rows as f64 / (get_ms.max(1) as f64 / 1000.0),
+            median_get_batch_ms: median(progress.iter().map(|p| p.duration("getBatch")).collect()),
         });
-    let (seconds, progress, rows) = run_to_end(writer, started).await?;
-    let get_ms: u64 = progress.iter().map(|p| p.duration("getBatch")).sum();
-    // The broker's pace varies from run to run: the ceiling is the best of three loops.
-    let mut ceiling: f64 = 0.0;
-    for _ in 0..3 {
-        ceiling = ceiling.max(librdkafka_ceiling(bootstrap, &topic, 3, n)?);
+        ceilings.push(librdkafka_ceiling(bootstrap, &topic, 3, n)?);
     }
+    let best = runs
+        .iter()
+        .max_by(|a, b| a.read_and_parse.total_cmp(&b.read_and_parse))
+        .ok_or_else(|| anyhow::anyhow!("kafka: no run"))?;
+    let ceiling = ceilings.iter().copied().fold(0.0, f64::max);
+    let rounded = |v: &[f64]| v.iter().map(|x| x.round()).collect::<Vec<_>>();
     println!(
         "{}",
         serde_json::json!({
             "scenario": "kafka",
-            "records": rows,
-            "batches": progress.len(),
-            "seconds": (seconds * 1000.0).round() / 1000.0,
-            "records_per_sec": (rows as f64 / seconds).round(),
-            "records_per_sec_read_and_parse": (rows as f64 / (get_ms as f64 / 1000.0)).round(),
-            "median_get_batch_ms": median(progress.iter().map(|p| p.duration("getBatch")).collect()),
+            "records": n,
+            "batches": best.batches,
+            "seconds": (best.seconds * 1000.0).round() / 1000.0,
+            "records_per_sec": (n as f64 / best.seconds).round(),
+            "records_per_sec_read_and_parse": best.read_and_parse.round(),
+            "records_per_sec_read_and_parse_each_run": rounded(&runs.iter().map(|r| r.read_and_parse).collect::<Vec<_>>()),
+            "median_get_batch_ms": best.median_get_batch_ms,
             "librdkafka_consume_only_records_per_sec": ceiling.round(),
-            "read_and_parse_over_ceiling": ((rows as f64 / (get_ms as f64 / 1000.0)) / ceiling * 100.0).round() / 100.0,
+            "librdkafka_consume_only_each_run": rounded(&ceilings),
+            "read_and_parse_over_ceiling": (best.read_and_parse / ceiling * 100.0).round() / 100.0,
             "peak_rss_mb": peak_rss_mb(),
         })
     );
     let _ = std::fs::remove_dir_all(&work);
     // A broker that keeps every bench's records slows down the next run (it saves them).
     weir_kafka::delete_topic(bootstrap, &topic).await?;
-    if rows != n as u64 {
-        bail!("kafka: read {rows} records, produced {n}");
-    }
     Ok(())
+}
+
+/// One read of the kafka scenario's topic by weir.
+struct KafkaRun {
+    seconds: f64,
+    batches: usize,
+    read_and_parse: f64,
+    median_get_batch_ms: u64,
 }
 
 /// The worked example as shipped (`examples/orders_upsert.toml`), on `n` orders produced to

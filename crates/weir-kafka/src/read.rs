@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message, Timestamp};
+use rdkafka::message::{BorrowedMessage, Headers, Message, Timestamp};
 use rdkafka::{Offset, TopicPartitionList};
 use weir_core::datafusion::arrow::array::{
     Array, ArrayRef, BinaryArray, BinaryBuilder, Int32Array, Int64Array, ListBuilder,
@@ -168,15 +168,11 @@ impl Records {
     fn topic(&self, i: usize) -> &str {
         &self.part_topics[self.part_of[i] as usize]
     }
-
-    fn value(&self, i: usize) -> Option<&[u8]> {
-        self.values.is_valid(i).then(|| self.values.value(i))
-    }
 }
 
 /// Reads every partition's `[begin, end)` with the source's long-lived consumer `c`;
 /// partitions missing from `begin` (added since) start at 0, with the data-loss check.
-/// Records come out ordered by (topic, partition, offset). The consumer is unassigned
+/// The batches hold the records in (topic, partition, offset) order. The consumer is unassigned
 /// afterwards, whatever happened, so it fetches nothing between batches; records it had
 /// prefetched past the range, and errors queued while nothing polled, are dropped at the start
 /// of the next read. (Emptying the queue right after the read instead cost a 150,000-record
@@ -186,7 +182,7 @@ pub fn read(
     o: &KafkaOptions,
     begin: &PartitionOffsets,
     end: &PartitionOffsets,
-) -> Result<RecordBatch, KafkaSourceError> {
+) -> Result<Vec<RecordBatch>, KafkaSourceError> {
     // Errors queued while nothing polled (a broker that restarted while the sinks wrote or
     // the query waited) are about connections since re-made, not about this read.
     drain(c);
@@ -221,8 +217,9 @@ fn read_assigned(
     o: &KafkaOptions,
     begin: &PartitionOffsets,
     end: &PartitionOffsets,
-) -> Result<RecordBatch, KafkaSourceError> {
+) -> Result<Vec<RecordBatch>, KafkaSourceError> {
     let include_headers = o.include_headers;
+    let raw = matches!(o.value_format, ValueFormat::Raw);
     let mut tpl = TopicPartitionList::new();
     // In (topic, partition) order: `end` is a sorted map of sorted maps.
     let mut parts: Vec<Part> = Vec::new();
@@ -239,6 +236,8 @@ fn read_assigned(
                         source,
                     })?;
                 let n = usize::try_from(to - from).unwrap_or(0);
+                // JSON values go to chunks, not to these builders.
+                let m = if raw { n } else { 0 };
                 parts.push(Part {
                     topic: t.clone(),
                     partition: p,
@@ -247,11 +246,11 @@ fn read_assigned(
                     next: from,
                     beyond: None,
                     offsets: Vec::with_capacity(n),
-                    timestamps: Vec::with_capacity(n),
-                    timestamp_types: Vec::with_capacity(n),
+                    timestamps: Vec::with_capacity(m),
+                    timestamp_types: Vec::with_capacity(m),
                     keys: BinaryBuilder::new(),
-                    values: BinaryBuilder::with_capacity(n, n * 64),
-                    headers: include_headers
+                    values: BinaryBuilder::with_capacity(m, m * 64),
+                    headers: (raw && include_headers)
                         .then(|| ListBuilder::new(StructBuilder::from_fields(header_fields(), 0))),
                 });
             }
@@ -262,105 +261,290 @@ fn read_assigned(
             action: "assigning partitions".into(),
             source,
         })?;
-        let mut last_progress = Instant::now();
-        let mut progressed = false;
-        // A handful of partitions: asking each whether it is done costs less than the poll.
-        while parts.iter().any(|p| !p.done()) {
-            match c.poll(std::time::Duration::from_millis(200)) {
-                Some(Ok(m)) => {
-                    let Some(part) = parts
-                        .iter_mut()
-                        .find(|p| p.partition == m.partition() && p.topic == m.topic())
-                    else {
-                        continue;
-                    };
-                    if part.done() {
-                        continue;
+    }
+    match &o.value_format {
+        ValueFormat::Raw => {
+            poll(c, o, &mut parts, |_, part, m| part.append(m))?;
+            Ok(vec![raw_batch(
+                &Records::from_parts(parts),
+                include_headers,
+            )?])
+        }
+        ValueFormat::Json { schema, mode } => json_read(c, o, &mut parts, schema, *mode),
+    }
+}
+
+impl Part {
+    /// Keeps all of a record (the raw format).
+    fn append(&mut self, m: &BorrowedMessage<'_>) {
+        let (timestamp, timestamp_type) = match m.timestamp() {
+            Timestamp::NotAvailable => (None, -1),
+            Timestamp::CreateTime(t) => (Some(t), 0),
+            Timestamp::LogAppendTime(t) => (Some(t), 1),
+        };
+        self.timestamps.push(timestamp);
+        self.timestamp_types.push(timestamp_type);
+        self.keys.append_option(m.key());
+        self.values.append_option(m.payload());
+        if let Some(hb) = self.headers.as_mut() {
+            if let Some(hs) = m.headers() {
+                let sb = hb.values();
+                for h in hs.iter() {
+                    if let Some(k) = sb.field_builder::<StringBuilder>(0) {
+                        k.append_value(h.key);
                     }
-                    if m.offset() >= part.to {
-                        part.next = part.to;
-                        continue;
+                    if let Some(v) = sb.field_builder::<BinaryBuilder>(1) {
+                        v.append_option(h.value);
                     }
-                    // Offsets only grow within an assignment: an offset below the next one
-                    // expected can only be a record fetched for an earlier one.
-                    if m.offset() < part.next {
-                        continue;
-                    }
-                    let (timestamp, timestamp_type) = match m.timestamp() {
-                        Timestamp::NotAvailable => (None, -1),
-                        Timestamp::CreateTime(t) => (Some(t), 0),
-                        Timestamp::LogAppendTime(t) => (Some(t), 1),
-                    };
-                    part.offsets.push(m.offset());
-                    part.timestamps.push(timestamp);
-                    part.timestamp_types.push(timestamp_type);
-                    part.keys.append_option(m.key());
-                    part.values.append_option(m.payload());
-                    if let Some(hb) = part.headers.as_mut() {
-                        if let Some(hs) = m.headers() {
-                            let sb = hb.values();
-                            for h in hs.iter() {
-                                if let Some(k) = sb.field_builder::<StringBuilder>(0) {
-                                    k.append_value(h.key);
-                                }
-                                if let Some(v) = sb.field_builder::<BinaryBuilder>(1) {
-                                    v.append_option(h.value);
-                                }
-                                sb.append(true);
-                            }
-                        }
-                        hb.append(true);
-                    }
-                    part.next = m.offset() + 1;
-                    progressed = true;
+                    sb.append(true);
                 }
-                Some(Err(source)) => {
-                    return Err(KafkaSourceError::Kafka {
-                        action: "fetching records".into(),
-                        source,
+            }
+            hb.append(true);
+        }
+    }
+}
+
+/// Polls the assigned consumer until every part reached its end, handing each record of a
+/// range to `take` with the part's index (after its offset is pushed to the part).
+fn poll(
+    c: &BaseConsumer,
+    o: &KafkaOptions,
+    parts: &mut [Part],
+    mut take: impl FnMut(usize, &mut Part, &BorrowedMessage<'_>),
+) -> Result<(), KafkaSourceError> {
+    let mut last_progress = Instant::now();
+    let mut progressed = false;
+    // A handful of partitions: asking each whether it is done costs less than the poll.
+    while parts.iter().any(|p| !p.done()) {
+        match c.poll(std::time::Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let Some((i, part)) = parts
+                    .iter_mut()
+                    .enumerate()
+                    .find(|(_, p)| p.partition == m.partition() && p.topic == m.topic())
+                else {
+                    continue;
+                };
+                if part.done() {
+                    continue;
+                }
+                if m.offset() >= part.to {
+                    part.next = part.to;
+                    continue;
+                }
+                // Offsets only grow within an assignment: an offset below the next one
+                // expected can only be a record fetched for an earlier one.
+                if m.offset() < part.next {
+                    continue;
+                }
+                part.offsets.push(m.offset());
+                take(i, part, &m);
+                part.next = m.offset() + 1;
+                progressed = true;
+            }
+            Some(Err(source)) => {
+                return Err(KafkaSourceError::Kafka {
+                    action: "fetching records".into(),
+                    source,
+                });
+            }
+            None => {
+                // The stall clock restarts at the first empty poll after progress (no
+                // clock read per record).
+                if progressed {
+                    last_progress = Instant::now();
+                    progressed = false;
+                }
+                // Control records (transaction markers) occupy offsets that are never
+                // delivered: the consumer's position tells how far it really got.
+                if let Ok(pos) = c.position() {
+                    for e in pos.elements() {
+                        if let Offset::Offset(at) = e.offset()
+                            && let Some(part) = parts
+                                .iter_mut()
+                                .find(|p| p.partition == e.partition() && p.topic == e.topic())
+                        {
+                            part.advance_to(at);
+                        }
+                    }
+                }
+                if last_progress.elapsed() > o.fetch_timeout
+                    && let Some(p) = parts.iter().find(|p| !p.done())
+                {
+                    return Err(KafkaSourceError::Stalled {
+                        topic: p.topic.clone(),
+                        partition: p.partition,
+                        from: p.from,
+                        to: p.to,
+                        reached: p.next,
+                        secs: o.fetch_timeout.as_secs(),
                     });
-                }
-                None => {
-                    // The stall clock restarts at the first empty poll after progress (no
-                    // clock read per record).
-                    if progressed {
-                        last_progress = Instant::now();
-                        progressed = false;
-                    }
-                    // Control records (transaction markers) occupy offsets that are never
-                    // delivered: the consumer's position tells how far it really got.
-                    if let Ok(pos) = c.position() {
-                        for e in pos.elements() {
-                            if let Offset::Offset(at) = e.offset()
-                                && let Some(part) = parts
-                                    .iter_mut()
-                                    .find(|p| p.partition == e.partition() && p.topic == e.topic())
-                            {
-                                part.advance_to(at);
-                            }
-                        }
-                    }
-                    if last_progress.elapsed() > o.fetch_timeout
-                        && let Some(p) = parts.iter().find(|p| !p.done())
-                    {
-                        return Err(KafkaSourceError::Stalled {
-                            topic: p.topic.clone(),
-                            partition: p.partition,
-                            from: p.from,
-                            to: p.to,
-                            reached: p.next,
-                            secs: o.fetch_timeout.as_secs(),
-                        });
-                    }
                 }
             }
         }
     }
-    let records = Records::from_parts(parts);
-    match &o.value_format {
-        ValueFormat::Raw => raw_batch(&records, include_headers),
-        ValueFormat::Json { schema, mode } => json_batch(&records, schema, *mode),
+    Ok(())
+}
+
+/// JSON values parsed at a time: a chunk full while the poll goes on is parsed by a second
+/// thread meanwhile, so the parse (as long as the poll on this machine) hides behind it.
+const CHUNK: usize = 16_384;
+
+/// Up to [`CHUNK`] consecutive values of one part, one per line as the decoder reads them.
+struct Chunk {
+    /// The part, and the index in it of the chunk's first record.
+    part: usize,
+    first: usize,
+    /// Each value and a newline (a null value as `{}`; newlines inside a value, which can
+    /// only be JSON whitespace, dropped).
+    lines: Vec<u8>,
+    /// Where each value's line ends (before its newline) in `lines`.
+    ends: Vec<usize>,
+    /// Records whose value is null, and values as they came that had a newline.
+    nulls: Vec<usize>,
+    raw: Vec<(usize, Vec<u8>)>,
+}
+
+impl Chunk {
+    fn new(part: usize, first: usize) -> Chunk {
+        Chunk {
+            part,
+            first,
+            lines: Vec::with_capacity(CHUNK * 64),
+            ends: Vec::with_capacity(CHUNK),
+            nulls: Vec::new(),
+            raw: Vec::new(),
+        }
     }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn push(&mut self, v: Option<&[u8]>) {
+        match v {
+            None => {
+                self.nulls.push(self.ends.len());
+                self.lines.extend_from_slice(b"{}");
+            }
+            Some(v) if v.contains(&b'\n') => {
+                self.raw.push((self.ends.len(), v.to_vec()));
+                self.lines.extend(v.iter().filter(|&&b| b != b'\n'));
+            }
+            Some(v) => self.lines.extend_from_slice(v),
+        }
+        self.ends.push(self.lines.len());
+        self.lines.push(b'\n');
+    }
+
+    /// The values as the decoder checks them: `None` for a null value.
+    fn records(&self) -> Vec<Option<&[u8]>> {
+        let mut nulls = self.nulls.iter().peekable();
+        let mut raw = self.raw.iter().peekable();
+        let mut start = 0;
+        let mut out = Vec::with_capacity(self.len());
+        for (i, &end) in self.ends.iter().enumerate() {
+            let line = &self.lines[start..end];
+            start = end + 1;
+            if nulls.next_if(|&&n| n == i).is_some() {
+                out.push(None);
+            } else if let Some((_, v)) = raw.next_if(|(n, _)| *n == i) {
+                out.push(Some(v.as_slice()));
+            } else {
+                out.push(Some(line));
+            }
+        }
+        out
+    }
+
+    fn parse(&self, schema: &SchemaRef, mode: BadRecordMode) -> Parsed {
+        Parsed {
+            part: self.part,
+            first: self.first,
+            batch: decode::json_checked(schema, &self.records(), &self.lines, mode)
+                .map(|d| d.batch),
+        }
+    }
+}
+
+struct Parsed {
+    part: usize,
+    first: usize,
+    batch: Result<RecordBatch, decode::Malformed>,
+}
+
+/// Polls the parts, parsing full chunks on a second thread as they fill and the rest on this
+/// one after the poll; the batches come out in (topic, partition, offset) order.
+fn json_read(
+    c: &BaseConsumer,
+    o: &KafkaOptions,
+    parts: &mut [Part],
+    schema: &SchemaRef,
+    mode: BadRecordMode,
+) -> Result<Vec<RecordBatch>, KafkaSourceError> {
+    let mut open: Vec<Chunk> = (0..parts.len()).map(|i| Chunk::new(i, 0)).collect();
+    let mut parsed = std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel::<Chunk>();
+        let parser = s.spawn(move || {
+            let mut done = Vec::new();
+            for chunk in rx {
+                let p = chunk.parse(schema, mode);
+                let failed = p.batch.is_err();
+                done.push(p);
+                // FAILFAST: the first bad record ends the read; no use parsing on.
+                if failed {
+                    break;
+                }
+            }
+            done
+        });
+        let polled = poll(c, o, parts, |i, part, m| {
+            let chunk = &mut open[i];
+            chunk.push(m.payload());
+            if chunk.len() >= CHUNK {
+                let full = std::mem::replace(chunk, Chunk::new(i, part.offsets.len()));
+                // A send fails only when the parser stopped at a bad record: it reports it.
+                let _ = tx.send(full);
+            }
+        });
+        drop(tx);
+        let mut mine: Vec<Parsed> = match &polled {
+            Ok(()) => open
+                .iter()
+                .filter(|c| !c.ends.is_empty())
+                .map(|c| c.parse(schema, mode))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let theirs = parser.join().map_err(|_| KafkaSourceError::Invalid {
+            what: "JSON parser thread".into(),
+            reason: "panicked".into(),
+        });
+        polled?;
+        mine.extend(theirs?);
+        Ok::<_, KafkaSourceError>(mine)
+    })?;
+    parsed.sort_by_key(|p| (p.part, p.first));
+    let mut batches = Vec::with_capacity(parsed.len());
+    for p in parsed {
+        match p.batch {
+            Ok(b) => batches.push(b),
+            Err(m) => {
+                let part = &parts[p.part];
+                return Err(KafkaSourceError::Malformed {
+                    topic: part.topic.clone(),
+                    partition: part.partition,
+                    offset: part.offsets[p.first + m.index],
+                    reason: m.reason,
+                });
+            }
+        }
+    }
+    // Kept as parsed (a DataFrame promises no row order, and slices one batch anyway).
+    if batches.is_empty() {
+        batches.push(RecordBatch::new_empty(decode::output_schema(schema, mode)));
+    }
+    Ok(batches)
 }
 
 fn raw_batch(r: &Records, include_headers: bool) -> Result<RecordBatch, KafkaSourceError> {
@@ -396,36 +580,4 @@ fn raw_batch(r: &Records, include_headers: bool) -> Result<RecordBatch, KafkaSou
         what: "Kafka batch".into(),
         reason: e.to_string(),
     })
-}
-
-/// Parses all values at once (vectorized); only when that fails, value by value to find
-/// the bad ones.
-fn json_batch(
-    records: &Records,
-    schema: &SchemaRef,
-    mode: BadRecordMode,
-) -> Result<RecordBatch, KafkaSourceError> {
-    // One value per line: a null value parses as `{}` (all columns null); newlines inside
-    // a value can only be JSON whitespace, so they are dropped.
-    let n = records.len();
-    let mut all = Vec::with_capacity(records.values.values().len() + 3 * n);
-    for i in 0..n {
-        let v = records.value(i).unwrap_or(b"{}");
-        if v.contains(&b'\n') {
-            all.extend(v.iter().filter(|&&b| b != b'\n'));
-        } else {
-            all.extend_from_slice(v);
-        }
-        all.push(b'\n');
-    }
-    let values: Vec<Option<&[u8]>> = (0..n).map(|i| records.value(i)).collect();
-    match decode::json_checked(schema, &values, &all, mode) {
-        Ok(d) => Ok(d.batch),
-        Err(m) => Err(KafkaSourceError::Malformed {
-            topic: records.topic(m.index).to_string(),
-            partition: records.partitions[m.index],
-            offset: records.offsets[m.index],
-            reason: m.reason,
-        }),
-    }
 }

@@ -351,10 +351,10 @@ impl Source for KafkaSource {
     ) -> Result<DataFrame> {
         let begin = self.start_of(start).await?;
         let end = offsets::parse(end.json()).map_err(|e| self.err(e))?;
-        let batch = self
+        let batches = self
             .with_reader(move |c, o| read::read(c, o, &begin, &end))
             .await?;
-        ctx.read_batch(batch)
+        ctx.read_batches(batches)
             .map_err(|e| Error::datafusion(format!("{}: holding the batch", self.description()), e))
     }
 

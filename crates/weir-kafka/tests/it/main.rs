@@ -714,3 +714,137 @@ async fn one_consumer_reads_every_range_exactly_forwards_backwards_and_after_pre
         assert_eq!(end, Some(at(3000, 500)));
     }
 }
+
+/// Produces `values` (`None`: a record without a value) to `topic` partition `partition`
+/// without waiting for each delivery.
+fn produce_fast(topic: &str, partition: i32, values: &[Option<String>]) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka().bootstrap)
+        .set("linger.ms", "20")
+        // In order even when a request is retried.
+        .set("max.in.flight.requests.per.connection", "1")
+        .create()
+        .unwrap();
+    for v in values {
+        let mut r = BaseRecord::<(), str>::to(topic).partition(partition);
+        if let Some(v) = v {
+            r = r.payload(v.as_str());
+        }
+        while let Err((e, back)) = p.send(r) {
+            assert!(
+                matches!(
+                    e.rdkafka_error_code(),
+                    Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                ),
+                "{e}"
+            );
+            p.poll(Duration::from_millis(10));
+            r = back;
+        }
+        p.poll(Duration::ZERO);
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Batches of more JSON values than one parse takes (they are parsed in chunks, some beside
+/// the poll): every record once, null values and values with newlines kept, and the first
+/// bad record in (partition, offset) order named in FAILFAST mode.
+#[tokio::test]
+async fn json_values_parsed_in_chunks_are_each_read_once_and_the_first_bad_offset_named() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("tag", DataType::Utf8, true),
+    ]));
+    let value = |i: usize| Some(format!("{{\"id\":{i},\"tag\":\"t\"}}"));
+    // Partition 0: 40,000 (two full chunks and a rest), a bad record in the second chunk, a
+    // null value and one spread over lines; 1: ten; 2: a bad record in the rest.
+    let mut p0: Vec<Option<String>> = (0..40_000).map(value).collect();
+    p0[17_000] = Some("{\"id\":17000,".into());
+    p0[20_000] = None;
+    p0[30_000] = Some("{\"id\":30000,\n \"tag\":\n\"t\"}".into());
+    let p1: Vec<Option<String>> = (0..10).map(value).collect();
+    let mut p2: Vec<Option<String>> = (0..33_000).map(value).collect();
+    p2[32_900] = Some("not json".into());
+    topic("chunks", 3).await;
+    produce_fast("chunks", 0, &p0);
+    produce_fast("chunks", 1, &p1);
+    produce_fast("chunks", 2, &p2);
+    let opts = |mode| {
+        let mut o = KafkaOptions::new(&kafka().bootstrap, ["chunks"]);
+        o.value_format = ValueFormat::Json {
+            schema: schema.clone(),
+            mode,
+        };
+        o
+    };
+    let ids = Arc::new(Mutex::new(Vec::new()));
+    let run_mode = |mode, dir: std::path::PathBuf| {
+        let ids = ids.clone();
+        let o = opts(mode);
+        async move {
+            let q = WeirSession::new()
+                .read_stream()
+                .source(Arc::new(KafkaSource::new(o).unwrap()))
+                .load()
+                .await
+                .unwrap()
+                .write_stream()
+                .checkpoint(dir)
+                .trigger(Trigger::AvailableNow)
+                .foreach_batch(move |b: DataFrame, _c: BatchContext| {
+                    let ids = ids.clone();
+                    async move {
+                        for r in b.collect().await? {
+                            let id = r.column(0).as_primitive::<Int64Type>();
+                            let tag = r.column(1).as_string::<i32>();
+                            for i in 0..r.num_rows() {
+                                ids.lock()
+                                    .unwrap()
+                                    .push((id.is_valid(i).then(|| id.value(i)), tag.is_valid(i)));
+                            }
+                        }
+                        Ok::<(), BoxError>(())
+                    }
+                })
+                .start()
+                .await
+                .unwrap();
+            q.await_termination().await
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let err = run_mode(BadRecordMode::FailFast, dir.path().join("failfast"))
+        .await
+        .unwrap_err();
+    let chain = weir_core::sink::error_chain(&err);
+    assert!(
+        chain.contains("malformed record in topic chunks partition 0 at offset 17000"),
+        "{chain}"
+    );
+    assert!(ids.lock().unwrap().is_empty());
+
+    run_mode(BadRecordMode::DropMalformed, dir.path().join("drop"))
+        .await
+        .unwrap();
+    let mut want: Vec<(Option<i64>, bool)> = Vec::new();
+    for (n, bad) in [(40_000, 17_000), (10, usize::MAX), (33_000, 32_900)] {
+        for i in 0..n {
+            if i == bad {
+                continue;
+            }
+            want.push(if n == 40_000 && i == 20_000 {
+                (None, false)
+            } else {
+                (Some(i as i64), true)
+            });
+        }
+    }
+    // Each record once (a DataFrame's rows come in no promised order, as in Spark).
+    let mut got = ids.lock().unwrap().clone();
+    got.sort();
+    want.sort();
+    assert_eq!(got.len(), want.len());
+    let first = got.iter().zip(&want).position(|(g, w)| g != w);
+    assert_eq!(first, None, "a record lost, doubled or changed");
+}
