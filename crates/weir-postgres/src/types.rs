@@ -155,10 +155,50 @@ impl Prepared {
     pub fn row(&self, row: usize) -> Vec<Cell<'_>> {
         self.cols.iter().map(|c| cell(c, row)).collect()
     }
+
+    /// Appends row `row` as a binary COPY tuple (field count, then each field's length and
+    /// bytes) with `extra` after the batch's cells; `types` holds one type per field. The
+    /// error gives the field's index and why.
+    pub fn put_copy_row(
+        &self,
+        row: usize,
+        types: &[Type],
+        extra: &[Cell<'_>],
+        out: &mut BytesMut,
+    ) -> Result<(), (usize, String)> {
+        let fields = self.cols.len() + extra.len();
+        out.put_i16(i16::try_from(fields).map_err(|_| (0, "more than 32,767 columns".into()))?);
+        let cells = self
+            .cols
+            .iter()
+            .map(|c| cell(c, row))
+            .chain(extra.iter().copied());
+        for (i, (c, ty)) in cells.zip(types).enumerate() {
+            let at = out.len();
+            out.put_i32(0);
+            match c.to_sql(ty, out).map_err(|e| (i, e.to_string()))? {
+                IsNull::Yes => {
+                    out.truncate(at);
+                    out.put_i32(-1);
+                }
+                IsNull::No => {
+                    let n = i32::try_from(out.len() - at - 4)
+                        .map_err(|_| (i, "a value longer than 2 GiB".to_string()))?;
+                    out[at..at + 4].copy_from_slice(&n.to_be_bytes());
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
-/// One cell, ready for `BinaryCopyInWriter` or a bind parameter.
-#[derive(Debug)]
+/// The start of binary COPY data: signature, flags, header extension length.
+pub const COPY_HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
+/// The end of binary COPY data: a field count of -1.
+pub const COPY_TRAILER: &[u8] = &[0xff, 0xff];
+
+/// One cell, ready for binary COPY or a bind parameter.
+#[derive(Debug, Clone, Copy)]
 pub enum Cell<'a> {
     Null,
     Text(&'a str),

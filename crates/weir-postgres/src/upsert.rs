@@ -2,7 +2,6 @@
 
 use async_trait::async_trait;
 use futures::pin_mut;
-use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, CopyInSink};
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
@@ -15,7 +14,10 @@ use weir_core::{NullKeys, NullOrdering, SinkMetric};
 
 use crate::error::PostgresSinkError;
 use crate::ledger::{Claim, Conn, claim};
-use crate::types::{is_text, pg_type, prepare_columns};
+use crate::types::{COPY_HEADER, COPY_TRAILER, Cell, is_text, pg_type, prepare_columns};
+
+/// Bytes of COPY data encoded before they are handed to the connection.
+const COPY_CHUNK: usize = 256 * 1024;
 use crate::{
     POINT_AFTER_COMMIT, POINT_AFTER_COPY, POINT_AFTER_STAGING, POINT_BEFORE_BEGIN,
     POINT_BEFORE_COMMIT, quote_ident, quote_list,
@@ -52,6 +54,10 @@ pub struct PostgresUpsert {
     null_ordering: NullOrdering,
     /// The transaction [`ForeachBatch::stage`] left open, for the `call` of the same attempt.
     staged: std::sync::Arc<tokio::sync::Mutex<Option<Open>>>,
+    /// The table (`create_table`) and the staging table exist: made or found by an earlier
+    /// batch of this sink, so later batches skip the `CREATE .. IF NOT EXISTS` round trips
+    /// (and the server's NOTICE that each logged).
+    made: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// An attempt's transaction, open: the batch claimed in the ledger and its rows upserted
@@ -143,6 +149,7 @@ impl PostgresUpsert {
             null_keys: NullKeys::Error,
             null_ordering: NullOrdering::Error,
             staged: Default::default(),
+            made: Default::default(),
         }
     }
 
@@ -347,28 +354,55 @@ impl PostgresUpsert {
         expr.unwrap_or_else(|| "false".into())
     }
 
+    /// Streams `batches` as binary COPY data into `sink`, encoded a chunk at a time (each
+    /// about [`COPY_CHUNK`] bytes, queued without waiting for the server in between), with
+    /// the `extra` cells (text, then int8) after each row's. A value that cannot be encoded
+    /// aborts the COPY, so nothing of it lands.
     async fn copy_rows(
+        &self,
+        id: u64,
+        action: &'static str,
         sink: CopyInSink<bytes::Bytes>,
         cols: &Columns,
         batches: &[crate::types::Prepared],
-        extra: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, tokio_postgres::Error> {
+        extra: &[Cell<'_>],
+    ) -> Result<u64, PostgresSinkError> {
+        use futures::SinkExt;
         let mut types = cols.types.clone();
         if !extra.is_empty() {
             types.extend([Type::TEXT, Type::INT8]);
         }
-        let writer = BinaryCopyInWriter::new(sink, &types);
-        pin_mut!(writer);
-        for (b, n) in batches.iter().map(|b| (b, b.rows())) {
-            for row in 0..n {
-                let cells = b.row(row);
-                let mut refs: Vec<&(dyn ToSql + Sync)> =
-                    cells.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-                refs.extend_from_slice(extra);
-                writer.as_mut().write(&refs).await?;
+        pin_mut!(sink);
+        let mut buf = bytes::BytesMut::with_capacity(COPY_CHUNK + 4096);
+        buf.extend_from_slice(COPY_HEADER);
+        for b in batches {
+            for row in 0..b.rows() {
+                b.put_copy_row(row, &types, extra, &mut buf)
+                    .map_err(|(i, reason)| PostgresSinkError::BadValue {
+                        table: self.table.clone(),
+                        batch_id: id,
+                        column: cols
+                            .names
+                            .get(i)
+                            .cloned()
+                            .unwrap_or_else(|| "weir_app_id".into()),
+                        reason,
+                    })?;
+                if buf.len() >= COPY_CHUNK {
+                    let chunk = buf.split().freeze();
+                    sink.as_mut()
+                        .feed(chunk)
+                        .await
+                        .map_err(self.db(id, action))?;
+                }
             }
         }
-        writer.finish().await
+        buf.extend_from_slice(COPY_TRAILER);
+        sink.as_mut()
+            .feed(buf.freeze())
+            .await
+            .map_err(self.db(id, action))?;
+        sink.finish().await.map_err(self.db(id, action))
     }
 
     async fn insert_rows(
@@ -475,7 +509,8 @@ impl PostgresUpsert {
                 reason: "no connection".into(),
             });
         };
-        if self.create_table {
+        let made = self.made.load(std::sync::atomic::Ordering::Acquire);
+        if self.create_table && !made {
             let keys = quote_list(&self.keys);
             let sql = format!(
                 "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({keys}))",
@@ -491,15 +526,17 @@ impl PostgresUpsert {
         if let Some(staging) = &self.staging {
             // The seed's variant: stage outside the transaction, cleared per attempt.
             let st = quote_ident(staging);
-            client
-                .batch_execute(&format!(
-                    // UNLOGGED: staging rows are cleared on every attempt anyway, so they
-                    // need no WAL (a server crash empties the table, which is harmless).
-                    "CREATE UNLOGGED TABLE IF NOT EXISTS {st} ({}, weir_app_id text NOT NULL, weir_batch_id bigint NOT NULL)",
-                    Self::column_defs(&cols)
-                ))
-                .await
-                .map_err(self.db(id, "creating the staging table"))?;
+            if !made {
+                client
+                    .batch_execute(&format!(
+                        // UNLOGGED: staging rows are cleared on every attempt anyway, so they
+                        // need no WAL (a server crash empties the table, which is harmless).
+                        "CREATE UNLOGGED TABLE IF NOT EXISTS {st} ({}, weir_app_id text NOT NULL, weir_batch_id bigint NOT NULL)",
+                        Self::column_defs(&cols)
+                    ))
+                    .await
+                    .map_err(self.db(id, "creating the staging table"))?;
+            }
             let clear = format!("DELETE FROM {st} WHERE weir_app_id = $1 AND weir_batch_id = $2");
             client
                 .execute(&clear, &[&app_id, &(id as i64)])
@@ -508,16 +545,14 @@ impl PostgresUpsert {
             let copy = format!(
                 "COPY {st} ({list}, weir_app_id, weir_batch_id) FROM STDIN (FORMAT binary)"
             );
-            let bid = id as i64;
-            let sink = client
-                .copy_in(&copy)
-                .await
-                .map_err(self.db(id, "COPY into the staging table"))?;
-            Self::copy_rows(sink, &cols, &batches, &[&app_id, &bid])
-                .await
-                .map_err(self.db(id, "COPY into the staging table"))?;
+            let action = "COPY into the staging table";
+            let sink = client.copy_in(&copy).await.map_err(self.db(id, action))?;
+            let extra = [Cell::Text(&app_id), Cell::I64(id as i64)];
+            self.copy_rows(id, action, sink, &cols, &batches, &extra)
+                .await?;
             fault::hit(POINT_AFTER_STAGING, id).map_err(self.engine(id))?;
         }
+        self.made.store(true, std::sync::atomic::Ordering::Release);
         Ok(Loaded {
             cols,
             rows,
@@ -665,13 +700,9 @@ impl PostgresUpsert {
                 match self.load {
                     LoadMode::Copy => {
                         let copy = format!("COPY {temp} ({list}) FROM STDIN (FORMAT binary)");
-                        let sink = tx
-                            .copy_in(&copy)
-                            .await
-                            .map_err(self.db(id, "COPY into the temp table"))?;
-                        Self::copy_rows(sink, cols, batches, &[])
-                            .await
-                            .map_err(self.db(id, "COPY into the temp table"))?;
+                        let action = "COPY into the temp table";
+                        let sink = tx.copy_in(&copy).await.map_err(self.db(id, action))?;
+                        self.copy_rows(id, action, sink, cols, batches, &[]).await?;
                     }
                     LoadMode::Insert => Self::insert_rows(tx, temp, list, cols, batches)
                         .await
