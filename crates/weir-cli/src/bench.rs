@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use weir_core::datafusion::prelude::DataFrame;
@@ -306,6 +306,7 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
     let topic = format!("weir-bench-{}", std::process::id());
     weir_kafka::create_topic(bootstrap, &topic, 3).await?;
     let n = crate::demo::produce_lines(bootstrap, &topic, 3, &files, 0, false).await? as usize;
+    let settled = settle().await;
     let mut opts = KafkaOptions::new(bootstrap, vec![topic.clone()]);
     opts.value_format = ValueFormat::Json {
         schema: orders_schema(),
@@ -365,6 +366,7 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
             "librdkafka_consume_only_records_per_sec": ceiling.round(),
             "librdkafka_consume_only_each_run": rounded(&ceilings),
             "read_and_parse_over_ceiling": (best.read_and_parse / ceiling * 100.0).round() / 100.0,
+            "settled_after_produce_s": settled,
             "peak_rss_mb": peak_rss_mb(),
         })
     );
@@ -372,6 +374,41 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
     // A broker that keeps every bench's records slows down the next run (it saves them).
     weir_kafka::delete_topic(bootstrap, &topic).await?;
     Ok(())
+}
+
+/// Waits (at most 20 s) until the machine's CPUs have been at most 15% busy for 3 s in a
+/// row, and returns the seconds waited: a local broker goes on working after a produce
+/// (noida-db saves what it received, in bursts of a full core for a second or more, with
+/// quiet gaps of a second between them), which would be measured as weir's. Without
+/// `/proc/stat` it returns at once.
+async fn settle() -> f64 {
+    fn busy_idle() -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal
+        let idle = cpu.get(3)? + cpu.get(4)?;
+        Some((cpu.iter().take(8).sum::<u64>() - idle, idle))
+    }
+    let started = Instant::now();
+    let mut quiet = 0;
+    while quiet < 6 && started.elapsed() < Duration::from_secs(20) {
+        let Some((b0, i0)) = busy_idle() else { break };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Some((b1, i1)) = busy_idle() else { break };
+        let (busy, idle) = (b1.saturating_sub(b0), i1.saturating_sub(i0));
+        if busy * 100 <= 15 * (busy + idle).max(1) {
+            quiet += 1;
+        } else {
+            quiet = 0;
+        }
+    }
+    (started.elapsed().as_secs_f64() * 10.0).round() / 10.0
 }
 
 /// One read of the kafka scenario's topic by weir.
@@ -403,6 +440,7 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
     let topic = format!("weir-bench-example-{}", std::process::id());
     weir_kafka::create_topic(bootstrap, &topic, 3).await?;
     crate::demo::produce_lines(bootstrap, &topic, 3, &files, 0, false).await?;
+    let settled = settle().await;
     let path = dir.join("pipeline.toml");
     let mut pipeline: crate::pipeline::Pipeline = toml::from_str(EXAMPLE)?;
     retarget(
@@ -460,6 +498,8 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
         );
         per_sink.insert(label, v.into());
     }
+    // The floor is measured on a quiet machine too (the topic was just deleted).
+    settle().await;
     let floor = postgres_floor(&dir, &files, 200_000, url)?;
     let floor_ms = median(floor.iter().map(|m| m.round() as u64).collect()) as f64;
     let trigger_ms = median(
@@ -495,6 +535,7 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
             "postgres_floor_ms_per_batch": floor.iter().map(|m| m.round()).collect::<Vec<_>>(),
             "median_postgres_floor_ms": floor_ms.round(),
             "trigger_over_postgres_floor": ((trigger_ms as f64 / floor_ms) * 100.0).round() / 100.0,
+            "settled_after_produce_s": settled,
             "peak_rss_mb": peak_rss_mb(),
         })
     );
