@@ -7,7 +7,6 @@
 //! keeps). Rows that tie on the whole order are decided by input order, as the sort would
 //! do for them.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -17,7 +16,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Result as DfResult, ScalarValue};
+use datafusion::common::{HashMap, Result as DfResult, ScalarValue};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::window::{StandardWindowExpr, WindowExpr};
@@ -277,9 +276,6 @@ impl ExecutionPlan for TopOnePerKeyExec {
     }
 }
 
-/// A row (batch, row) and its order bytes.
-type Pick = (usize, usize, Box<[u8]>);
-
 /// The first row of each key of `batches` in `order` (ties: the first in input order), in
 /// key order, with a row number 1.
 fn top_one(
@@ -310,28 +306,37 @@ fn top_one(
         Ok(RowConverter::new(fields)?)
     };
     let (key_conv, order_conv) = (converter(keys)?, converter(order)?);
-    // key -> the best row so far.
-    let mut best: HashMap<Box<[u8]>, Pick> = HashMap::new();
-    for (bi, b) in batches.iter().enumerate() {
-        let k = key_conv.convert_columns(&eval(b, &mut keys.iter().map(|k| &k.expr))?)?;
-        let o = order_conv.convert_columns(&eval(b, &mut order.iter().map(|o| &o.expr))?)?;
-        for r in 0..b.num_rows() {
-            let ord = o.row(r);
-            match best.get_mut(k.row(r).as_ref()) {
-                Some(slot) => {
-                    if ord.as_ref() < slot.2.as_ref() {
-                        *slot = (bi, r, ord.as_ref().into());
-                    }
-                }
-                None => {
-                    best.insert(k.row(r).as_ref().into(), (bi, r, ord.as_ref().into()));
-                }
+    // Every batch's keys and orders as comparable bytes, kept while the map borrows them
+    // (no allocation per key).
+    let mut key_rows = Vec::with_capacity(batches.len());
+    let mut order_rows = Vec::with_capacity(batches.len());
+    for b in batches {
+        key_rows.push(key_conv.convert_columns(&eval(b, &mut keys.iter().map(|k| &k.expr))?)?);
+        order_rows.push(order_conv.convert_columns(&eval(b, &mut order.iter().map(|o| &o.expr))?)?);
+    }
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    // key -> the best (batch, row) so far.
+    let mut best: HashMap<&[u8], (usize, usize)> = HashMap::with_capacity(rows);
+    for (bi, (k, o)) in key_rows.iter().zip(&order_rows).enumerate() {
+        for r in 0..k.num_rows() {
+            let slot = best.entry(k.row(r).data()).or_insert((bi, r));
+            if o.row(r) < order_rows[slot.0].row(slot.1) {
+                *slot = (bi, r);
             }
         }
     }
-    let mut kept: Vec<(Box<[u8]>, Pick)> = best.into_iter().collect();
-    kept.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let picks: Vec<(usize, usize)> = kept.into_iter().map(|(_, (b, r, _))| (b, r)).collect();
+    // In key order: by the first 8 key bytes as a number, then by all of them.
+    let mut kept: Vec<(u64, &[u8], (usize, usize))> = best
+        .into_iter()
+        .map(|(k, pick)| {
+            let mut head = [0u8; 8];
+            let n = k.len().min(8);
+            head[..n].copy_from_slice(&k[..n]);
+            (u64::from_be_bytes(head), k, pick)
+        })
+        .collect();
+    kept.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    let picks: Vec<(usize, usize)> = kept.into_iter().map(|(_, _, pick)| pick).collect();
     let refs: Vec<&RecordBatch> = batches.iter().collect();
     let rows = interleave_record_batch(&refs, &picks)?;
     let mut columns = rows.columns().to_vec();
