@@ -406,12 +406,14 @@ struct Chunk {
 }
 
 impl Chunk {
-    fn new(part: usize, first: usize) -> Chunk {
+    /// A chunk of part `part` from its record `first`, sized for at most `left` records.
+    fn new(part: usize, first: usize, left: usize) -> Chunk {
+        let n = left.min(CHUNK);
         Chunk {
             part,
             first,
-            lines: Vec::with_capacity(CHUNK * 64),
-            ends: Vec::with_capacity(CHUNK),
+            lines: Vec::with_capacity(n * 64),
+            ends: Vec::with_capacity(n),
             nulls: Vec::new(),
             raw: Vec::new(),
         }
@@ -482,19 +484,34 @@ fn json_read(
     schema: &SchemaRef,
     mode: BadRecordMode,
 ) -> Result<Vec<RecordBatch>, KafkaSourceError> {
-    let mut open: Vec<Chunk> = (0..parts.len()).map(|i| Chunk::new(i, 0)).collect();
+    let left = |p: &Part, first: usize| {
+        usize::try_from(p.to - p.from)
+            .unwrap_or(0)
+            .saturating_sub(first)
+    };
+    let mut open: Vec<Chunk> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Chunk::new(i, 0, left(p, 0)))
+        .collect();
     let mut parsed = std::thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<Chunk>();
         let parser = s.spawn(move || {
             let mut done = Vec::new();
+            // FAILFAST names the first bad record in (partition, offset) order, and chunks
+            // come in the order they filled: after a failure only the chunks that sort
+            // after it need no parse.
+            let mut failed: Option<(usize, usize)> = None;
             for chunk in rx {
-                let p = chunk.parse(schema, mode);
-                let failed = p.batch.is_err();
-                done.push(p);
-                // FAILFAST: the first bad record ends the read; no use parsing on.
-                if failed {
-                    break;
+                if failed.is_some_and(|f| (chunk.part, chunk.first) > f) {
+                    continue;
                 }
+                let p = chunk.parse(schema, mode);
+                if p.batch.is_err() {
+                    let at = (p.part, p.first);
+                    failed = Some(failed.map_or(at, |f| f.min(at)));
+                }
+                done.push(p);
             }
             done
         });
@@ -502,8 +519,10 @@ fn json_read(
             let chunk = &mut open[i];
             chunk.push(m.payload());
             if chunk.len() >= CHUNK {
-                let full = std::mem::replace(chunk, Chunk::new(i, part.offsets.len()));
-                // A send fails only when the parser stopped at a bad record: it reports it.
+                let first = part.offsets.len();
+                let full = std::mem::replace(chunk, Chunk::new(i, first, left(part, first)));
+                // A send fails only when the parser thread is gone (a panic, which its join
+                // reports).
                 let _ = tx.send(full);
             }
         });

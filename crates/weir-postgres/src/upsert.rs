@@ -212,6 +212,8 @@ impl PostgresUpsert {
     /// Create the target table from the batch schema (primary key = the keys) if missing.
     pub fn create_table(mut self, on: bool) -> Self {
         self.create_table = on;
+        // Not the flag of a sink this was cloned from, which may have made other tables.
+        self.made = Default::default();
         self
     }
 
@@ -220,6 +222,7 @@ impl PostgresUpsert {
     /// the rows are loaded by another writer than the one that runs the upsert.
     pub fn staging_table(mut self, name: impl Into<String>) -> Self {
         self.staging = Some(name.into());
+        self.made = Default::default();
         self
     }
 
@@ -381,11 +384,10 @@ impl PostgresUpsert {
                     .map_err(|(i, reason)| PostgresSinkError::BadValue {
                         table: self.table.clone(),
                         batch_id: id,
-                        column: cols
-                            .names
-                            .get(i)
-                            .cloned()
-                            .unwrap_or_else(|| "weir_app_id".into()),
+                        // Past the batch's columns: the two ledger columns.
+                        column: cols.names.get(i).cloned().unwrap_or_else(|| {
+                            ["weir_app_id", "weir_batch_id"][(i - cols.names.len()).min(1)].into()
+                        }),
                         reason,
                     })?;
                 if buf.len() >= COPY_CHUNK {
@@ -589,6 +591,20 @@ impl PostgresUpsert {
     /// Everything of an attempt but its COMMIT: load the rows, BEGIN, claim the batch in
     /// the ledger, upsert (or, for a batch that landed, clear its staging rows).
     async fn open(&self, batch: DataFrame, ctx: &BatchContext) -> Result<Open, PostgresSinkError> {
+        let opened = self.open_tx(batch, ctx).await;
+        if let Err(PostgresSinkError::Db { .. }) = &opened {
+            // A table dropped meanwhile (or any failed statement): the next attempt makes the
+            // tables again if they are missing.
+            self.made.store(false, std::sync::atomic::Ordering::Release);
+        }
+        opened
+    }
+
+    async fn open_tx(
+        &self,
+        batch: DataFrame,
+        ctx: &BatchContext,
+    ) -> Result<Open, PostgresSinkError> {
         let id = ctx.batch_id;
         let Loaded {
             cols,

@@ -105,6 +105,36 @@ async fn the_staging_variant_lands_each_batch_once_and_clears_its_staging_rows()
     );
 }
 
+/// The tables are made once per sink, not per batch; a table dropped while the query runs
+/// fails that attempt (naming it) and the next attempt makes it again.
+#[tokio::test]
+async fn tables_dropped_under_a_running_sink_are_made_again_by_the_next_attempt() {
+    let url = &postgres().url;
+    let sink = PostgresUpsert::new(url, "orders_drop", ["order_id"], "updated_at")
+        .create_table(true)
+        .staging_table("orders_drop_staging");
+    let q = uuid::Uuid::new_v4();
+    sink.call(df(&[(1, "a", 1)]), ctx(q, 0)).await.unwrap();
+    pg_exec(url, "DROP TABLE orders_drop, orders_drop_staging").await;
+    let err = sink
+        .call(df(&[(2, "b", 1)]), ctx(q, 1))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("orders_drop") && err.contains("batch 1"),
+        "{err}"
+    );
+    sink.call(df(&[(2, "b", 1)]), ctx(q, 1).replay(true))
+        .await
+        .unwrap();
+    assert_eq!(orders("orders_drop").await, vec!["2|b"]);
+    assert_eq!(
+        pg_rows(url, "SELECT count(*)::text FROM orders_drop_staging").await,
+        vec!["0"]
+    );
+}
+
 #[tokio::test]
 async fn types_round_trip_through_binary_copy() {
     let url = &postgres().url;
