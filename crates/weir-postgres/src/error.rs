@@ -93,3 +93,15 @@ pub enum PostgresSinkError {
         source: weir_core::BoxError,
     },
 }
+
+impl PostgresSinkError {
+    /// A connection slot left empty (`Conn::get` connects when it holds no client, so this
+    /// is not expected).
+    pub(crate) fn no_connection(table: &str) -> Self {
+        PostgresSinkError::Config {
+            table: table.to_string(),
+            key: "url",
+            reason: "no connection".into(),
+        }
+    }
+}

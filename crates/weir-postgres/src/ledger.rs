@@ -158,13 +158,9 @@ impl PostgresLedger {
             .get(&self.ledger)
             .await
             .map_err(|e| db("connecting", e))?;
-        let Some(client) = guard.as_mut() else {
-            return Err(PostgresSinkError::Config {
-                table: self.ledger.clone(),
-                key: "url",
-                reason: "no connection".into(),
-            });
-        };
+        let client = guard
+            .as_mut()
+            .ok_or_else(|| PostgresSinkError::no_connection(&self.ledger))?;
         let tx = client.transaction().await.map_err(|e| db("BEGIN", e))?;
         let claimed = claim(&tx, &self.ledger, &app_id, id, 0)
             .await

@@ -15,13 +15,13 @@ use weir_core::{NullKeys, NullOrdering, SinkMetric};
 use crate::error::PostgresSinkError;
 use crate::ledger::{Claim, Conn, claim};
 use crate::types::{COPY_HEADER, COPY_TRAILER, Cell, is_text, pg_type, prepare_columns};
-
-/// Bytes of COPY data encoded before they are handed to the connection.
-const COPY_CHUNK: usize = 256 * 1024;
 use crate::{
     POINT_AFTER_COMMIT, POINT_AFTER_COPY, POINT_AFTER_STAGING, POINT_BEFORE_BEGIN,
     POINT_BEFORE_COMMIT, quote_ident, quote_list,
 };
+
+/// Bytes of COPY data encoded before they are handed to the connection.
+const COPY_CHUNK: usize = 256 * 1024;
 
 /// How rows reach the temp table inside the transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -115,6 +115,8 @@ struct Loaded {
     rows: usize,
     /// The rows for the transaction to load (empty when they are in the staging table).
     batches: Vec<crate::types::Prepared>,
+    /// The connection the load used, kept for the transaction.
+    guard: tokio::sync::OwnedMutexGuard<Option<Client>>,
 }
 
 #[derive(Debug)]
@@ -504,13 +506,9 @@ impl PostgresUpsert {
             .get(&self.ledger)
             .await
             .map_err(self.db(id, "connecting"))?;
-        let Some(client) = guard.as_mut() else {
-            return Err(PostgresSinkError::Config {
-                table: self.table.clone(),
-                key: "url",
-                reason: "no connection".into(),
-            });
-        };
+        let client = guard
+            .as_mut()
+            .ok_or_else(|| PostgresSinkError::no_connection(&self.table))?;
         let made = self.made.load(std::sync::atomic::Ordering::Acquire);
         if self.create_table && !made {
             let keys = quote_list(&self.keys);
@@ -563,6 +561,7 @@ impl PostgresUpsert {
             } else {
                 batches
             },
+            guard,
         })
     }
 
@@ -610,14 +609,10 @@ impl PostgresUpsert {
             cols,
             rows,
             batches,
+            guard,
         } = self.load(batch, ctx).await?;
         let list = quote_list(&cols.names);
         let app_id = self.ledger_key(&ctx.query());
-        let guard = self
-            .conn
-            .get(&self.ledger)
-            .await
-            .map_err(self.db(id, "connecting"))?;
         fault::hit(POINT_BEFORE_BEGIN, id).map_err(self.engine(id))?;
         let mut open = Open {
             attempt: (ctx.run_id.as_u128(), id),
@@ -625,13 +620,11 @@ impl PostgresUpsert {
             rows,
             new: true,
         };
-        let Some(client) = open.guard.as_mut().and_then(|g| g.as_mut()) else {
-            return Err(PostgresSinkError::Config {
-                table: self.table.clone(),
-                key: "url",
-                reason: "no connection".into(),
-            });
-        };
+        let client = open
+            .guard
+            .as_mut()
+            .and_then(|g| g.as_mut())
+            .ok_or_else(|| PostgresSinkError::no_connection(&self.table))?;
         // From here on, an error drops `open`, which rolls back.
         client
             .batch_execute("BEGIN")
