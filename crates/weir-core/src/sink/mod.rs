@@ -87,7 +87,8 @@ where
 /// failed or panicked; sinks whose call did not come are told to discard what they staged.
 /// A stage's time is `<name>.stageMs`.
 pub struct FanOut {
-    sinks: Vec<(String, Arc<dyn ForeachBatch>)>,
+    /// Shared with the stager task of each batch (no copy per batch).
+    sinks: Arc<[(String, Arc<dyn ForeachBatch>)]>,
     overlap: bool,
 }
 
@@ -97,7 +98,11 @@ impl FanOut {
         sinks: impl IntoIterator<Item = (impl Into<String>, Arc<dyn ForeachBatch>)>,
     ) -> Self {
         FanOut {
-            sinks: sinks.into_iter().map(|(n, s)| (n.into(), s)).collect(),
+            sinks: sinks
+                .into_iter()
+                .map(|(n, s)| (n.into(), s))
+                .collect::<Vec<_>>()
+                .into(),
             overlap: false,
         }
     }
@@ -115,7 +120,7 @@ impl FanOut {
 #[async_trait]
 impl ForeachBatch for FanOut {
     async fn open(&self, query: &crate::connector::QueryIdentity) -> Result<(), BoxError> {
-        for (name, sink) in &self.sinks {
+        for (name, sink) in self.sinks.iter() {
             sink.open(query).await.map_err(|source| {
                 Box::new(Error::Sink {
                     sink: name.clone(),
@@ -150,13 +155,13 @@ impl ForeachBatch for FanOut {
         // one holds until that sink's call; in parallel, two could wait for each other).
         let mut done = Vec::new();
         let mut senders = Vec::new();
-        for _ in &self.sinks {
+        for _ in self.sinks.iter() {
             let (tx, rx) = tokio::sync::oneshot::channel::<Result<(), BoxError>>();
             senders.push(tx);
             done.push(Some(rx));
         }
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let sinks = self.sinks.clone();
+        let sinks = Arc::clone(&self.sinks);
         let (b, c, halt) = (batch.clone(), ctx.clone(), stop.clone());
         let stager = tokio::spawn(
             async move {
