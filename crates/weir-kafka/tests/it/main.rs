@@ -257,64 +257,32 @@ async fn malformed_json_fails_fast_naming_the_offset_or_is_kept_in_permissive_mo
         o
     };
     let dir = tempfile::tempdir().unwrap();
-    let q = WeirSession::new()
-        .read_stream()
-        .source(Arc::new(
-            KafkaSource::new(opts(BadRecordMode::FailFast)).unwrap(),
-        ))
-        .load()
-        .await
-        .unwrap()
-        .write_stream()
-        .checkpoint(dir.path())
-        .trigger(Trigger::AvailableNow)
-        .foreach_batch(|_b: DataFrame, _c: BatchContext| async { Ok::<(), BoxError>(()) })
-        .start()
-        .await
-        .unwrap();
-    let chain = weir_core::sink::error_chain(&q.await_termination().await.unwrap_err());
+    let (ended, _) = read_all(opts(BadRecordMode::FailFast), &dir.path().join("failfast")).await;
+    let chain = weir_core::sink::error_chain(&ended.unwrap_err());
     assert!(
         chain.contains("malformed record in topic json partition 0 at offset 1"),
         "{chain}"
     );
 
-    let dir = tempfile::tempdir().unwrap();
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let g = got.clone();
-    let q = WeirSession::new()
-        .read_stream()
-        .source(Arc::new(
-            KafkaSource::new(opts(BadRecordMode::Permissive)).unwrap(),
-        ))
-        .load()
-        .await
-        .unwrap()
-        .write_stream()
-        .checkpoint(dir.path())
-        .trigger(Trigger::AvailableNow)
-        .foreach_batch(move |b: DataFrame, _c: BatchContext| {
-            let g = g.clone();
-            async move {
-                let rows = b.collect().await?;
-                for r in &rows {
-                    let id = r.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-                    let bad = r.column(2).as_string::<i32>();
-                    for i in 0..r.num_rows() {
-                        g.lock().unwrap().push((
-                            (!id.is_null(i)).then(|| id.value(i)),
-                            (!bad.is_null(i)).then(|| bad.value(i).to_string()),
-                        ));
-                    }
-                }
-                Ok::<(), BoxError>(())
-            }
-        })
-        .start()
-        .await
-        .unwrap();
-    q.await_termination().await.unwrap();
+    let (ended, rows) = read_all(
+        opts(BadRecordMode::Permissive),
+        &dir.path().join("permissive"),
+    )
+    .await;
+    ended.unwrap();
+    let mut got = Vec::new();
+    for r in &rows {
+        let id = r.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        let bad = r.column(2).as_string::<i32>();
+        for i in 0..r.num_rows() {
+            got.push((
+                (!id.is_null(i)).then(|| id.value(i)),
+                (!bad.is_null(i)).then(|| bad.value(i).to_string()),
+            ));
+        }
+    }
     assert_eq!(
-        *got.lock().unwrap(),
+        got,
         vec![
             (Some(0), None),
             (None, Some("{not json".to_string())),
@@ -747,6 +715,39 @@ fn produce_fast(topic: &str, partition: i32, values: &[Option<String>]) {
     p.flush(Duration::from_secs(30)).unwrap();
 }
 
+/// Runs `opts` available-now with a new checkpoint at `dir`: how the query ended, and the
+/// rows of every batch its function was given.
+async fn read_all(
+    opts: KafkaOptions,
+    dir: &std::path::Path,
+) -> (weir_core::Result<()>, Vec<RecordBatch>) {
+    let rows = Arc::new(Mutex::new(Vec::new()));
+    let r = rows.clone();
+    let q = WeirSession::new()
+        .read_stream()
+        .source(Arc::new(KafkaSource::new(opts).unwrap()))
+        .load()
+        .await
+        .unwrap()
+        .write_stream()
+        .checkpoint(dir)
+        .trigger(Trigger::AvailableNow)
+        .foreach_batch(move |b: DataFrame, _c: BatchContext| {
+            let r = r.clone();
+            async move {
+                let got = b.collect().await?;
+                r.lock().unwrap().extend(got);
+                Ok::<(), BoxError>(())
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    let ended = q.await_termination().await;
+    let rows = std::mem::take(&mut *rows.lock().unwrap());
+    (ended, rows)
+}
+
 /// Batches of more JSON values than one parse takes (they are parsed in chunks, some beside
 /// the poll): every record once, null values and values with newlines kept, and the first
 /// bad record in (partition, offset) order named in FAILFAST mode.
@@ -780,55 +781,18 @@ async fn json_values_parsed_in_chunks_are_each_read_once_and_the_first_bad_offse
         };
         o
     };
-    let ids = Arc::new(Mutex::new(Vec::new()));
-    let run_mode = |mode, dir: std::path::PathBuf| {
-        let ids = ids.clone();
-        let o = opts(mode);
-        async move {
-            let q = WeirSession::new()
-                .read_stream()
-                .source(Arc::new(KafkaSource::new(o).unwrap()))
-                .load()
-                .await
-                .unwrap()
-                .write_stream()
-                .checkpoint(dir)
-                .trigger(Trigger::AvailableNow)
-                .foreach_batch(move |b: DataFrame, _c: BatchContext| {
-                    let ids = ids.clone();
-                    async move {
-                        for r in b.collect().await? {
-                            let id = r.column(0).as_primitive::<Int64Type>();
-                            let tag = r.column(1).as_string::<i32>();
-                            for i in 0..r.num_rows() {
-                                ids.lock()
-                                    .unwrap()
-                                    .push((id.is_valid(i).then(|| id.value(i)), tag.is_valid(i)));
-                            }
-                        }
-                        Ok::<(), BoxError>(())
-                    }
-                })
-                .start()
-                .await
-                .unwrap();
-            q.await_termination().await
-        }
-    };
     let dir = tempfile::tempdir().unwrap();
-    let err = run_mode(BadRecordMode::FailFast, dir.path().join("failfast"))
-        .await
-        .unwrap_err();
-    let chain = weir_core::sink::error_chain(&err);
+    let (ended, rows) = read_all(opts(BadRecordMode::FailFast), &dir.path().join("failfast")).await;
+    let chain = weir_core::sink::error_chain(&ended.unwrap_err());
     assert!(
         chain.contains("malformed record in topic chunks partition 0 at offset 17000"),
         "{chain}"
     );
-    assert!(ids.lock().unwrap().is_empty());
+    assert!(rows.is_empty());
 
-    run_mode(BadRecordMode::DropMalformed, dir.path().join("drop"))
-        .await
-        .unwrap();
+    let (ended, rows) =
+        read_all(opts(BadRecordMode::DropMalformed), &dir.path().join("drop")).await;
+    ended.unwrap();
     let mut want: Vec<(Option<i64>, bool)> = Vec::new();
     for (n, bad) in [
         (40_000, [17_000, 17_000]),
@@ -847,7 +811,14 @@ async fn json_values_parsed_in_chunks_are_each_read_once_and_the_first_bad_offse
         }
     }
     // Each record once (a DataFrame's rows come in no promised order, as in Spark).
-    let mut got = ids.lock().unwrap().clone();
+    let mut got: Vec<(Option<i64>, bool)> = Vec::new();
+    for r in &rows {
+        let id = r.column(0).as_primitive::<Int64Type>();
+        let tag = r.column(1).as_string::<i32>();
+        for i in 0..r.num_rows() {
+            got.push((id.is_valid(i).then(|| id.value(i)), tag.is_valid(i)));
+        }
+    }
     got.sort();
     want.sort();
     assert_eq!(got.len(), want.len());
