@@ -2,7 +2,7 @@
 //! strace, every file of batch N in every local sink (Delta data and log files, Parquet parts)
 //! and its folder entry are fsynced before `commits/N` is linked into place.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::process::Command;
 
@@ -16,6 +16,34 @@ const SINKS: &str = "[[sink]]\ntype = \"delta-append\"\npath = \"table\"\n\n\
 /// The quoted strings of a trace line (paths).
 fn quoted(line: &str) -> Vec<&str> {
     line.split('"').skip(1).step_by(2).collect()
+}
+
+/// The trace with each syscall on one line: strace -f splits a call that another thread
+/// interrupts into `PID call(args <unfinished ...>` and, later, `PID <... call resumed>) = 0`.
+/// The joined call takes the place of its `resumed` line (when it returned); its
+/// `unfinished` line becomes empty so that line numbers keep the trace's order.
+fn joined(text: &str) -> Vec<String> {
+    let mut open: HashMap<&str, &str> = HashMap::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let (pid, call) = line.split_once(' ').unwrap_or(("", line));
+        if let Some(head) = call.strip_suffix(" <unfinished ...>") {
+            open.insert(pid, head);
+            out.push(String::new());
+            continue;
+        }
+        if let Some(tail) = call
+            .strip_prefix("<... ")
+            .and_then(|r| r.split_once(" resumed>"))
+            .map(|(_, tail)| tail)
+            && let Some(head) = open.remove(pid)
+        {
+            out.push(format!("{pid} {head}{tail}"));
+            continue;
+        }
+        out.push(line.to_string());
+    }
+    out
 }
 
 /// Line numbers of the trace at which `path`'s content (a file) or entries (a folder) were
@@ -68,7 +96,8 @@ fn every_sink_file_of_batch_n_is_fsynced_before_commits_n() {
         .unwrap_or_else(|e| panic!("cannot run {strace} (.ci/run installs it): {e}"));
     assert!(out.status.success(), "{out:?}");
     let text = std::fs::read_to_string(&trace_file).unwrap();
-    let trace: Vec<&str> = text.lines().collect();
+    let lines = joined(&text);
+    let trace: Vec<&str> = lines.iter().map(String::as_str).collect();
     let chk = root.join("chk");
     // The line at which commits/N was linked into place, per batch.
     let mut commit_at: BTreeMap<u64, usize> = BTreeMap::new();
