@@ -74,6 +74,52 @@ async fn a_kill_at_every_fault_point_leaves_each_input_row_in_the_parquet_output
     }
 }
 
+/// A function that fails after its sink wrote (an error, not a kill): batch 2 is not
+/// committed and `commits/` holds nothing of it, not even the entry's temp file (written
+/// while the function ran); the next run replays batch 2 and every row lands once.
+#[tokio::test]
+async fn a_failed_function_leaves_no_commit_entry_behind_and_the_replay_lands_each_row_once() {
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 5, 20, 50);
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let commits = || {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path().join("chk/commits"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let prog = dir.path().join("progress1.jsonl");
+    let point = "parquet-after-rename";
+    assert!(PARQUET_POINTS.contains(&point));
+    let out = run_with_progress(&p, &prog, Some(&format!("{point}@2:error")));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("batch 2"),
+        "{stderr}"
+    );
+    assert_eq!(commits(), vec!["0", "1"]);
+    let prog = dir.path().join("progress2.jsonl");
+    let out = run_with_progress(&p, &prog, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(progress_batches(&prog), vec![2, 3, 4]);
+    assert_eq!(commits(), vec!["0", "1", "2", "3", "4"]);
+    let cols = ["order_id", "status", "amount", "updated_at"];
+    let got = parquet_rows(&dir.path().join("out"), &cols).await;
+    assert_eq!(got.len(), 100);
+    assert_eq!(
+        got,
+        input_rows(&input).await,
+        "every input row exactly once"
+    );
+}
+
 /// Streaming deduplication, killed at every runner point and around the state commit of
 /// batch 2, then run again: one row per key, taken from the first file (batch) holding the
 /// key, and nothing of a key seen in an earlier batch passes again.

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::source::SourceOffset;
-use crate::storage::{Location, WriteOutcome, is_hidden};
+use crate::storage::{Location, PreparedNew, WriteOutcome, is_hidden};
 pub use lock::{CheckpointGuard, LeaseSettings};
 pub use recovery::{Recovery, RecoveryError, decide};
 
@@ -450,14 +450,43 @@ impl Checkpoint {
             .await
     }
 
+    /// `commits/N` made ready (durable under a temp name nothing reads) while batch N's
+    /// function runs; [`Checkpoint::finish_commit`] puts it in place once the function has
+    /// returned `Ok`. Dropped unfinished, it leaves no `commits/N`.
+    pub async fn prepare_commit(
+        &self,
+        batch_id: u64,
+        commit: &CommitMetadata,
+    ) -> Result<PreparedNew> {
+        self.ensure_held()?;
+        self.commits_dir()
+            .prepare_new(&batch_id.to_string(), commit.to_bytes()?)
+            .await
+    }
+
+    /// Puts a [`Checkpoint::prepare_commit`] in place: batch N is committed when it returns.
+    pub async fn finish_commit(&self, batch_id: u64, prepared: PreparedNew) -> Result<()> {
+        self.ensure_held()?;
+        let dir = self.commits_dir();
+        let outcome = dir.finish_new(prepared).await?;
+        self.written_once(&dir, batch_id, outcome)
+    }
+
     async fn write_once(&self, dir: &Location, batch_id: u64, bytes: Bytes) -> Result<()> {
         self.ensure_held()?;
-        let name = batch_id.to_string();
-        match dir.put_new(&name, bytes).await? {
+        let outcome = dir.put_new(&batch_id.to_string(), bytes).await?;
+        self.written_once(dir, batch_id, outcome)
+    }
+
+    fn written_once(&self, dir: &Location, batch_id: u64, outcome: WriteOutcome) -> Result<()> {
+        match outcome {
             WriteOutcome::Written => Ok(()),
             WriteOutcome::AlreadyExists => Err(Error::CheckpointInUse {
                 dir: self.root.to_string(),
-                detail: format!("{} was written by someone else", dir.describe(&name)),
+                detail: format!(
+                    "{} was written by someone else",
+                    dir.describe(&batch_id.to_string())
+                ),
             }),
         }
     }

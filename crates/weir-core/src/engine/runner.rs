@@ -6,7 +6,9 @@
 //! 3. read the range and materialize it once (`getBatch`), apply the transforms
 //!    (`queryPlanning`);
 //! 4. call the user's function (`addBatch`);
-//! 5. only if it returned `Ok`: write `commits/N`, tell the source (`commitOffsets`).
+//! 5. only if it returned `Ok`: write `commits/N`, tell the source (`commitOffsets`). The
+//!    entry's content is written and fsynced under a temp name while the function runs;
+//!    only its link into place (and the folder's fsync) waits for the function.
 //!
 //! A replay (recovered `offsets/N` without `commits/N`) skips 1-2 and uses the recorded
 //! offsets, batch timestamp and id.
@@ -727,9 +729,20 @@ impl Runner {
             .new_checkpoint(self.spec.checkpoint.is_new())
             .with_app_name(app_name);
         bctx.metrics = metrics.clone();
-        let outcome = AssertUnwindSafe(self.spec.sink.call(df, bctx))
-            .catch_unwind()
-            .await;
+        let next_watermark = match &event {
+            Some(e) => event_times.next_watermark(e.watermark_ms, e.delay_ms),
+            None => 0,
+        };
+        // `commits/N`'s content is known before the function runs: it is made durable under
+        // a temp name meanwhile and linked into place only after the function (and the
+        // state) succeeded. A failure drops it unlinked.
+        let commit = CommitMetadata {
+            next_batch_watermark_ms: next_watermark,
+        };
+        let (outcome, prepared) = futures::join!(
+            AssertUnwindSafe(self.spec.sink.call(df, bctx)).catch_unwind(),
+            self.spec.checkpoint.prepare_commit(id, &commit),
+        );
         match outcome {
             Ok(Ok(())) => {}
             Ok(Err(source)) => {
@@ -768,21 +781,9 @@ impl Runner {
         }
         durations.insert("addBatch".into(), t.elapsed().as_millis() as u64);
 
-        let next_watermark = match &event {
-            Some(e) => event_times.next_watermark(e.watermark_ms, e.delay_ms),
-            None => 0,
-        };
         let t = Instant::now();
         fault::hit("before-commit-write", id)?;
-        self.spec
-            .checkpoint
-            .write_commit(
-                id,
-                &CommitMetadata {
-                    next_batch_watermark_ms: next_watermark,
-                },
-            )
-            .await?;
+        self.spec.checkpoint.finish_commit(id, prepared?).await?;
         fault::hit("after-commit-write", id)?;
         // With a read ahead running, the source hears of the commit once that read is done
         // (a source is never asked two things at once).

@@ -108,19 +108,35 @@ fn write_temp(tmp: &Path, bytes: &[u8]) -> Result<()> {
 
 /// Writes `bytes` to `path` atomically and durably, unless `path` already exists.
 pub(super) fn write_new(path: &Path, bytes: &[u8]) -> Result<WriteOutcome> {
-    let dir = parent(path)?;
-    create_dir_durable(dir)?;
+    let tmp = prepare_new(path, bytes)?;
+    finish_new(&tmp, path)
+}
+
+/// The first half of [`write_new`]: `bytes` durable under a hidden temp name beside `path`
+/// (returned), which nothing reads.
+pub(super) fn prepare_new(path: &Path, bytes: &[u8]) -> Result<PathBuf> {
+    create_dir_durable(parent(path)?)?;
     let tmp = temp_name(path)?;
-    let result = write_temp(&tmp, bytes).and_then(|()| match link_noted(&tmp, path) {
+    if let Err(e) = write_temp(&tmp, bytes) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(tmp)
+}
+
+/// The second half of [`write_new`]: links the prepared `tmp` to `path` unless `path`
+/// exists, removes `tmp`, and fsyncs the folder.
+pub(super) fn finish_new(tmp: &Path, path: &Path) -> Result<WriteOutcome> {
+    let result = match link_noted(tmp, path) {
         Ok(()) => Ok(WriteOutcome::Written),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(WriteOutcome::AlreadyExists),
         Err(e) => Err(Error::io("linking into place", path, e)),
-    });
+    };
     // The temp name is ours alone; failing to remove it leaves a hidden file readers skip.
-    let _ = fs::remove_file(&tmp);
+    let _ = fs::remove_file(tmp);
     let outcome = result?;
     if outcome == WriteOutcome::Written {
-        sync_dir(dir)?;
+        sync_dir(parent(path)?)?;
     }
     Ok(outcome)
 }

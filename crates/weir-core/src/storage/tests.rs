@@ -29,6 +29,73 @@ async fn put_new_refuses_to_overwrite_and_leaves_no_temp_file() {
     assert!(loc.list().await.unwrap().is_empty());
 }
 
+#[tokio::test]
+async fn a_prepared_write_is_invisible_until_finished_and_leaves_nothing_when_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("commits");
+    let loc = Location::local(&logs);
+    let every_file = || {
+        let mut v: Vec<String> = std::fs::read_dir(&logs)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let ready = loc
+        .prepare_new(
+            "0",
+            Bytes::from_static(
+                b"v1
+{}",
+            ),
+        )
+        .await
+        .unwrap();
+    // Durable under a hidden name only, which the logs' readers skip; "0" is not there.
+    let names = loc.list_names().await.unwrap();
+    assert!(names.len() == 1 && is_hidden(&names[0]), "{names:?}");
+    assert_eq!(loc.get("0").await.unwrap(), None);
+    assert_eq!(loc.finish_new(ready).await.unwrap(), WriteOutcome::Written);
+    assert_eq!(every_file(), vec!["0".to_string()]);
+    assert_eq!(
+        loc.get("0").await.unwrap().unwrap(),
+        Bytes::from_static(
+            b"v1
+{}"
+        )
+    );
+    // A second writer of the same name finds it taken, and its temp file goes.
+    let again = loc
+        .prepare_new(
+            "0",
+            Bytes::from_static(
+                b"v1
+other",
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        loc.finish_new(again).await.unwrap(),
+        WriteOutcome::AlreadyExists
+    );
+    assert_eq!(every_file(), vec!["0".to_string()]);
+    // Dropped unfinished (the function failed): no entry and no temp file.
+    drop(
+        loc.prepare_new(
+            "1",
+            Bytes::from_static(
+                b"v1
+{}",
+            ),
+        )
+        .await
+        .unwrap(),
+    );
+    assert_eq!(every_file(), vec!["0".to_string()]);
+}
+
 #[test]
 fn urls_are_parsed_and_unknown_schemes_refused() {
     let o = StorageOptions::default();
