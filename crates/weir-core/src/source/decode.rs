@@ -131,10 +131,30 @@ pub fn json_all(
     Ok(out)
 }
 
-/// Decodes JSON records (`None`: a null value, read as `{}`), each checked strictly first
-/// (see [`super::validate`]); `joined` is the same records one per line, decoded at once
-/// when every record is sound (the fast path). `mode` decides what a bad record does.
+/// Decodes JSON records (`None`: a null value, read as `{}`): in one pass when they are
+/// flat and plain (see [`super::flat`]), else each checked strictly first (see
+/// [`super::validate`]), `joined` (the same records one per line) decoded at once when
+/// every record is sound. `mode` decides what a bad record does.
 pub fn json_checked(
+    schema: &SchemaRef,
+    records: &[Option<&[u8]>],
+    joined: &[u8],
+    mode: BadRecordMode,
+) -> Result<Decoded, Malformed> {
+    if let Some(b) = super::flat::decode(&parse_schema(schema), records) {
+        let batch =
+            with_corrupt(b, schema, mode, None).map_err(|reason| Malformed { index: 0, reason })?;
+        return Ok(Decoded {
+            batch,
+            malformed: 0,
+        });
+    }
+    json_strict(schema, records, joined, mode)
+}
+
+/// [`json_checked`] without the one-pass decoder: each record checked strictly, then all
+/// decoded at once by arrow-json, or each on its own when one is bad.
+pub(crate) fn json_strict(
     schema: &SchemaRef,
     records: &[Option<&[u8]>],
     joined: &[u8],

@@ -7,6 +7,7 @@
 
 pub mod decode;
 pub mod file;
+pub mod flat;
 pub mod memory;
 pub mod rate;
 pub mod validate;
