@@ -325,14 +325,15 @@ fn top_one(
             }
         }
     }
-    // In key order: by the first 8 key bytes as a number, then by all of them.
-    let mut kept: Vec<(u64, &[u8], (usize, usize))> = best
+    // In key order: by the first 16 key bytes as a number (all of a one-column integer key,
+    // whose first byte only says it is not null), then by all of them.
+    let mut kept: Vec<(u128, &[u8], (usize, usize))> = best
         .into_iter()
         .map(|(k, pick)| {
-            let mut head = [0u8; 8];
-            let n = k.len().min(8);
+            let mut head = [0u8; 16];
+            let n = k.len().min(16);
             head[..n].copy_from_slice(&k[..n]);
-            (u64::from_be_bytes(head), k, pick)
+            (u128::from_be_bytes(head), k, pick)
         })
         .collect();
     kept.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
