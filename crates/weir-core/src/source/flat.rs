@@ -695,10 +695,11 @@ mod tests {
             ),
             _ => None,
         };
-        if good && rng.below(8) > 0 {
-            if let Some(v) = good_value {
-                return v;
-            }
+        if good
+            && rng.below(8) > 0
+            && let Some(v) = good_value
+        {
+            return v;
         }
         if good && rng.below(4) == 0 {
             return "null".into();
