@@ -190,6 +190,9 @@ impl Checkpoint {
         root.create_dir().await?;
         let guard = CheckpointGuard::acquire(&root, lease).await?;
         let (metadata, created) = Self::read_or_create_metadata(&root, name).await?;
+        if !created {
+            remove_stale_temps(&root).await?;
+        }
         Ok(Checkpoint {
             root,
             metadata,
@@ -512,6 +515,35 @@ impl Checkpoint {
         self.purged_below.store(keep_from, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Removes the temp files a crash left in the logs: `offsets/N` or `commits/N` written to
+/// `.N.<uuid>.tmp` and never linked into place (a kill while the function ran leaves
+/// `commits/N`'s). Only the holder of the checkpoint writes them, and the caller holds it.
+async fn remove_stale_temps(root: &Location) -> Result<()> {
+    for log in ["offsets", "commits"] {
+        let dir = root.join(log);
+        let doomed: Vec<String> = dir
+            .list_names()
+            .await?
+            .into_iter()
+            .filter(|n| is_log_temp(n))
+            .collect();
+        if !doomed.is_empty() {
+            dir.delete_many(doomed).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `.N.<uuid>.tmp`, as weir names a log entry's temp file.
+fn is_log_temp(name: &str) -> bool {
+    name.strip_prefix('.')
+        .and_then(|r| r.strip_suffix(".tmp"))
+        .and_then(|r| r.split_once('.'))
+        .is_some_and(|(id, u)| {
+            id.parse::<u64>().is_ok() && u.len() == 32 && u.bytes().all(|c| c.is_ascii_hexdigit())
+        })
 }
 
 /// True when the pinned settings of a batch are Spark's (the batch was planned by Spark).

@@ -226,3 +226,50 @@ async fn purge_keeps_the_newest_entries() {
         StartPoint::Next { batch_id: 5, .. }
     ));
 }
+
+/// A kill while batch 1's function ran leaves `commits/1`'s temp file; the next holder of the
+/// checkpoint removes it (and only weir's log temp files) before it runs anything.
+#[tokio::test]
+async fn a_reopened_checkpoint_removes_the_temp_files_a_kill_left_in_its_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let hidden = |log: &str| -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir.path().join(log))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    };
+    {
+        let cp = open(dir.path()).await;
+        cp.write_offsets(0, &seq(serde_json::json!({"logOffset": 0})))
+            .await
+            .unwrap();
+        cp.write_commit(0, &CommitMetadata::default())
+            .await
+            .unwrap();
+        cp.write_offsets(1, &seq(serde_json::json!({"logOffset": 1})))
+            .await
+            .unwrap();
+        // The process dies before the function returns: nothing removes the temp file.
+        let prepared = cp
+            .prepare_commit(1, &CommitMetadata::default())
+            .await
+            .unwrap();
+        std::mem::forget(prepared);
+        cp.release().await;
+    }
+    assert_eq!(hidden("commits").len(), 1, "{:?}", hidden("commits"));
+    let stray = format!(".2.{}.tmp", uuid::Uuid::new_v4().simple());
+    fs::write(dir.path().join("offsets").join(&stray), "v1\n").unwrap();
+    fs::write(dir.path().join("offsets/.0.crc"), "crc").unwrap();
+
+    let cp = open(dir.path()).await;
+    assert!(hidden("commits").is_empty(), "{:?}", hidden("commits"));
+    assert_eq!(hidden("offsets"), vec![".0.crc".to_string()]);
+    match cp.recover().await.unwrap() {
+        StartPoint::Replay { batch_id: 1, .. } => {}
+        other => panic!("batch 1 must run again: {other:?}"),
+    }
+}
