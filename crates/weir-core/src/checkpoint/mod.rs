@@ -470,9 +470,8 @@ impl Checkpoint {
     /// Puts a [`Checkpoint::prepare_commit`] in place: batch N is committed when it returns.
     pub async fn finish_commit(&self, batch_id: u64, prepared: PreparedNew) -> Result<()> {
         self.ensure_held()?;
-        let dir = self.commits_dir();
-        let outcome = dir.finish_new(prepared).await?;
-        self.written_once(&dir, batch_id, outcome)
+        let outcome = prepared.finish().await?;
+        self.written_once(&self.commits_dir(), batch_id, outcome)
     }
 
     async fn write_once(&self, dir: &Location, batch_id: u64, bytes: Bytes) -> Result<()> {

@@ -98,25 +98,57 @@ pub struct FileVersion {
 pub const SUPPORTED: &str =
     "a local path, file://, s3:// (s3a://), az:// (azure://, abfs://, abfss://) or gs://";
 
-/// A write made ready by [`Location::prepare_new`], not yet under its name.
+/// A write made ready by [`Location::prepare_new`], not yet under its name; it knows
+/// where it goes, so [`PreparedNew::finish`] needs nothing else.
 #[derive(Debug)]
-pub struct PreparedNew {
-    name: String,
-    ready: Ready,
-}
+pub struct PreparedNew(Ready);
 
 #[derive(Debug)]
 enum Ready {
-    /// The fsynced temp file (`None` once finished).
-    Local(Option<PathBuf>),
-    Remote(Bytes),
+    /// The fsynced temp file and the path it is linked to.
+    Local { tmp: TempFile, path: PathBuf },
+    Remote {
+        store: Arc<dyn ObjectStore>,
+        path: object_store::path::Path,
+        shown: String,
+        bytes: Bytes,
+    },
 }
 
-impl Drop for PreparedNew {
+/// A temp file removed when dropped, unless [`TempFile::keep`] took it.
+#[derive(Debug)]
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn keep(mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for TempFile {
     fn drop(&mut self) {
         // Unfinished: the temp name is ours alone; a leftover is a hidden file readers skip.
-        if let Ready::Local(Some(tmp)) = &self.ready {
-            let _ = std::fs::remove_file(tmp);
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+impl PreparedNew {
+    /// Puts the prepared write under its name, unless a file of that name exists; durable
+    /// when it returns, like [`Location::put_new`].
+    pub async fn finish(self) -> Result<WriteOutcome> {
+        match self.0 {
+            Ready::Local { tmp, path } => {
+                let tmp = tmp.keep();
+                blocking(move || local::finish_new(&tmp, &path)).await
+            }
+            Ready::Remote {
+                store,
+                path,
+                shown,
+                bytes,
+            } => remote::put_new(store.as_ref(), &path, bytes, &shown).await,
         }
     }
 }
@@ -417,54 +449,26 @@ impl Location {
 
     /// [`Location::put_new`] in two steps, so that the slow half can run beside other work:
     /// this one makes the content durable where nothing reads it (locally: the temp file,
-    /// fsynced; object stores: nothing yet), [`Location::finish_new`] puts it under `name`.
+    /// fsynced; object stores: nothing yet), [`PreparedNew::finish`] puts it under `name`.
     /// A prepared write that is dropped unfinished removes its temp file.
     pub async fn prepare_new(&self, name: &str, bytes: Bytes) -> Result<PreparedNew> {
-        let ready = match &self.backend {
+        Ok(PreparedNew(match &self.backend {
             Backend::Local(p) => {
                 let path = p.join(name);
-                let tmp = blocking(move || local::prepare_new(&path, &bytes)).await?;
-                Ready::Local(Some(tmp))
+                let target = path.clone();
+                let tmp = blocking(move || local::prepare_new(&target, &bytes)).await?;
+                Ready::Local {
+                    tmp: TempFile(tmp),
+                    path,
+                }
             }
-            Backend::Remote { .. } => Ready::Remote(bytes),
-        };
-        Ok(PreparedNew {
-            name: name.to_string(),
-            ready,
-        })
-    }
-
-    /// Puts a [`Location::prepare_new`] write under its name, unless a file of that name
-    /// exists; durable when it returns, like [`Location::put_new`].
-    pub async fn finish_new(&self, mut prepared: PreparedNew) -> Result<WriteOutcome> {
-        let name = std::mem::take(&mut prepared.name);
-        match (&self.backend, &mut prepared.ready) {
-            (Backend::Local(p), Ready::Local(tmp)) => {
-                let path = p.join(&name);
-                let tmp = tmp.take().ok_or_else(|| Error::Internal {
-                    what: format!(
-                        "the prepared write of {} was finished twice",
-                        path.display()
-                    ),
-                })?;
-                blocking(move || local::finish_new(&tmp, &path)).await
-            }
-            (Backend::Remote { store, prefix }, Ready::Remote(bytes)) => {
-                remote::put_new(
-                    store.as_ref(),
-                    &join_path(prefix, &name),
-                    std::mem::take(bytes),
-                    &self.describe(&name),
-                )
-                .await
-            }
-            _ => Err(Error::Internal {
-                what: format!(
-                    "{} was prepared in another kind of location",
-                    self.describe(&name)
-                ),
-            }),
-        }
+            Backend::Remote { store, prefix } => Ready::Remote {
+                store: store.clone(),
+                path: join_path(prefix, name),
+                shown: self.describe(name),
+                bytes,
+            },
+        }))
     }
 
     /// Writes `name` atomically and durably, replacing a file of that name.

@@ -56,7 +56,7 @@ async fn a_prepared_write_is_invisible_until_finished_and_leaves_nothing_when_dr
     let names = loc.list_names().await.unwrap();
     assert!(names.len() == 1 && is_hidden(&names[0]), "{names:?}");
     assert_eq!(loc.get("0").await.unwrap(), None);
-    assert_eq!(loc.finish_new(ready).await.unwrap(), WriteOutcome::Written);
+    assert_eq!(ready.finish().await.unwrap(), WriteOutcome::Written);
     assert_eq!(every_file(), vec!["0".to_string()]);
     assert_eq!(
         loc.get("0").await.unwrap().unwrap(),
@@ -76,10 +76,7 @@ other",
         )
         .await
         .unwrap();
-    assert_eq!(
-        loc.finish_new(again).await.unwrap(),
-        WriteOutcome::AlreadyExists
-    );
+    assert_eq!(again.finish().await.unwrap(), WriteOutcome::AlreadyExists);
     assert_eq!(every_file(), vec!["0".to_string()]);
     // Dropped unfinished (the function failed): no entry and no temp file.
     drop(
