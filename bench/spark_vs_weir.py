@@ -63,40 +63,67 @@ NEWEST_PER_ORDER = (
 )
 
 
-def tree_rss_kb(pid):
-    """VmRSS of pid and all its descendants, in kB."""
+def process_tree(pid):
+    """pid and all its live descendants, each as (pid, start time) so a reused pid is not
+    taken for a process seen before."""
     children = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(d))
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append((int(d), int(fields[19])))
         except (OSError, IndexError, ValueError):
             pass
-    total, todo = 0, [pid]
+    found, todo = [], [pid]
     while todo:
         p = todo.pop()
-        todo.extend(children.get(p, []))
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
+        for c in children.get(p, []):
+            found.append(c)
+            todo.append(c[0])
+    return found
+
+
+def start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def rss_kb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def run_measured(cmd, log, env=None):
-    """Runs cmd; returns (launch time as epoch seconds, wall seconds, peak tree RSS MB)."""
+    """Runs cmd; returns (launch time as epoch seconds, wall seconds, peak tree RSS MB).
+
+    The run ends when the process and every process it started have exited: Spark's JVM
+    outlives its Python driver by a few seconds, and the next run must not share the cores
+    with its shutdown (nor is a run over before its memory is given back)."""
     launch = time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        seen = {}
         peak = 0
-        while proc.poll() is None:
-            peak = max(peak, tree_rss_kb(proc.pid))
+        while True:
+            alive = proc.poll() is None
+            if alive:
+                for p, st in process_tree(proc.pid):
+                    seen[p] = st
+            live = [p for p, st in seen.items() if start_time(p) == st]
+            if not alive and not live:
+                break
+            peak = max(peak, (rss_kb(proc.pid) if alive else 0) + sum(map(rss_kb, live)))
             time.sleep(0.05)
     wall = time.time() - launch
     if proc.returncode != 0:
