@@ -24,6 +24,13 @@ pub mod source;
 pub mod state;
 pub mod storage;
 
+/// The cores this process may use, asked once: `available_parallelism` reads the cgroup
+/// files on every call, which showed in the profile of small batches.
+pub fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 pub use api::{
     DataStreamReader, DataStreamWriter, IntoLocation, LocationSpec, StreamingDataFrame, WeirSession,
 };

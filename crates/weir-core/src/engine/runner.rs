@@ -722,12 +722,12 @@ impl Runner {
             .created_name()
             .unwrap_or(&self.shared.name)
             .to_string();
-        let mut bctx = BatchContext::new(self.shared.id, self.shared.name.clone(), id)
-            .with_run(self.shared.run_id, p.metadata.batch_timestamp_ms)
-            .with_session(ctx.clone())
-            .replay(p.replay)
-            .new_checkpoint(self.spec.checkpoint.is_new())
-            .with_app_name(app_name);
+        let mut bctx =
+            BatchContext::on_session(self.shared.id, self.shared.name.clone(), id, ctx.clone())
+                .with_run(self.shared.run_id, p.metadata.batch_timestamp_ms)
+                .replay(p.replay)
+                .new_checkpoint(self.spec.checkpoint.is_new())
+                .with_app_name(app_name);
         bctx.metrics = metrics.clone();
         let next_watermark = match &event {
             Some(e) => event_times.next_watermark(e.watermark_ms, e.delay_ms),

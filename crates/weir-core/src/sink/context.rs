@@ -39,6 +39,17 @@ impl BatchContext {
     /// Batch `batch_id` of query `name` with id `query_id`: a first attempt, on a fresh
     /// session, with empty metrics. For tests and tools; the engine fills in the rest.
     pub fn new(query_id: uuid::Uuid, name: impl Into<String>, batch_id: u64) -> Self {
+        Self::on_session(query_id, name, batch_id, SessionContext::new())
+    }
+
+    /// [`BatchContext::new`] on `session` (the engine's: a new session per batch cost more
+    /// than the rest of a 10-row batch's planning).
+    pub(crate) fn on_session(
+        query_id: uuid::Uuid,
+        name: impl Into<String>,
+        batch_id: u64,
+        session: SessionContext,
+    ) -> Self {
         let name = name.into();
         BatchContext {
             query_id,
@@ -47,7 +58,7 @@ impl BatchContext {
             query_name: name,
             batch_id,
             batch_timestamp_ms: chrono::Utc::now().timestamp_millis(),
-            session: SessionContext::new(),
+            session,
             is_replay: false,
             checkpoint_is_new: batch_id == 0,
             metrics: Arc::new(SinkMetrics::default()),

@@ -586,7 +586,7 @@ impl Source for FileSource {
             .clone()
             .unwrap_or_else(|| self.schema.clone());
         let mode = self.opts.mode;
-        let parallel = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let parallel = crate::cores().max(2);
         let decoded: Vec<(RecordBatch, u64)> = futures::stream::iter(files)
             .map(|e| read::read_entry(&dir, e, &format, &base, mode))
             .buffered(parallel)
