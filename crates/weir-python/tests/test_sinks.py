@@ -123,6 +123,31 @@ def test_sinks_take_polars_and_pyarrow_rows_made_from_the_batch(tmp_path):
     assert parquet_rows(tmp_path / "pq").num_rows == 100
 
 
+def test_parquet_files_use_spark_s_codec_unless_told_otherwise(tmp_path):
+    rows = orders(60, 60, seed=5)
+    write_json_files(tmp_path / "in", rows, 20)  # 3 files, 2 per batch: 2 batches
+    default = ParquetSink(tmp_path / "snappy")
+    zstd = ParquetSink(tmp_path / "zstd", compression="zstd")
+
+    def fn(batch, batch_id):
+        default(batch, batch_id)
+        zstd(batch, batch_id)
+
+    start(tmp_path / "in", tmp_path / "chk", fn, "codecs").await_termination()
+    for folder, codec in [("snappy", "SNAPPY"), ("zstd", "ZSTD")]:
+        files = sorted(f for f in os.listdir(tmp_path / folder) if f.endswith(".parquet"))
+        assert len(files) == 2
+        for f in files:
+            meta = pq.ParquetFile(tmp_path / folder / f).metadata
+            assert {meta.row_group(g).column(c).compression
+                    for g in range(meta.num_row_groups)
+                    for c in range(meta.num_columns)} == {codec}
+        assert sorted(parquet_rows(tmp_path / folder).column("order_id").to_pylist()) == \
+            sorted(r["order_id"] for r in rows)
+    with pytest.raises(weir.WeirError, match="brotli"):
+        ParquetSink(tmp_path / "x", compression="brotli")
+
+
 def test_a_sink_refuses_a_batch_id_that_is_not_the_batch(tmp_path):
     write_json_files(tmp_path / "in", orders(10, 5), 10)
     parquet = ParquetSink(tmp_path / "pq")

@@ -25,7 +25,7 @@ use crate::error::{BoxError, Error};
 
 pub use console::{ConsoleConfig, ConsoleSink};
 pub use context::{BatchContext, CACHE_DURATION_KEY, SinkMetric, SinkMetrics};
-pub use parquet::{PARQUET_POINTS, ParquetSink};
+pub use parquet::{PARQUET_POINTS, ParquetCompression, ParquetSink};
 pub use parquet_config::{ParquetConfig, ParquetReader};
 pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
 

@@ -9,7 +9,7 @@ use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::{Deserialize, Serialize};
 
 use super::ForeachBatch;
-use super::parquet::{OWNER, PARQUET_POINTS, ParquetSink};
+use super::parquet::{OWNER, PARQUET_POINTS, ParquetCompression, ParquetSink};
 use crate::connector::{
     BuildEnv, QueryIdentity, Relocation, SinkShape, SinkSpec, SinkVerifier, Verdict,
 };
@@ -23,6 +23,7 @@ use crate::storage::{Location, blocking, is_hidden};
 /// type = "parquet"
 /// path = "out"                    # or s3://bucket/prefix, ...
 /// target-rows-per-file = 1000000
+/// compression = "snappy"          # Spark's default; zstd | lz4 | gzip | none
 /// ```
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -30,6 +31,8 @@ pub struct ParquetConfig {
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_rows_per_file: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<ParquetCompression>,
 }
 
 impl ParquetConfig {
@@ -54,6 +57,9 @@ impl SinkSpec for ParquetConfig {
         let mut p = ParquetSink::new(self.location(env)?);
         if let Some(n) = self.target_rows_per_file {
             p = p.target_rows_per_file(n);
+        }
+        if let Some(c) = self.compression {
+            p = p.compression(c);
         }
         Ok(Arc::new(p))
     }
@@ -191,4 +197,26 @@ pub(crate) fn select(b: &RecordBatch, schema: &SchemaRef, shown: &str) -> Result
     RecordBatch::try_new(schema.clone(), cols).map_err(|e| Error::Internal {
         what: format!("{shown}: {e}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_is_spark_s_names_and_a_wrong_one_is_refused_by_name() {
+        let c: ParquetConfig =
+            serde_json::from_value(serde_json::json!({"path": "out", "compression": "zstd"}))
+                .unwrap();
+        assert_eq!(c.compression, Some(ParquetCompression::Zstd));
+        let e = serde_json::from_value::<ParquetConfig>(
+            serde_json::json!({"path": "out", "compression": "brotli"}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("brotli") && e.contains("snappy") && e.contains("zstd"),
+            "{e}"
+        );
+    }
 }

@@ -96,11 +96,14 @@ class PostgresUpsert(_Sink):
 
 class ParquetSink(_Sink):
     """Writes each batch as Parquet files named by batch id into ``path``; a replay
-    writes the same files again."""
+    writes the same files again. ``compression``: ``"snappy"`` (Spark's default),
+    ``"zstd"``, ``"lz4"``, ``"gzip"`` or ``"none"``."""
 
-    def __init__(self, path, *, target_rows_per_file=None, storage_options=None):
+    def __init__(self, path, *, target_rows_per_file=None, compression=None,
+                 storage_options=None):
         super().__init__("parquet", {
             "path": os.fspath(path), "target_rows_per_file": target_rows_per_file,
+            "compression": compression,
         }, storage_options)
 
 
