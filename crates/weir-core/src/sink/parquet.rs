@@ -182,34 +182,23 @@ impl ParquetSink {
             Error::datafusion(format!("batch {batch_id}: planning the Parquet write"), e)
         })?;
         fault::hit(POINT_BEFORE_WRITE, batch_id)?;
-        let mut pending: Vec<RecordBatch> = Vec::new();
-        let mut pending_rows = 0usize;
+        let mut chunks = Chunker::new(self.target_rows_per_file);
         let mut parts = 0usize;
         let mut total = 0u64;
         while let Some(batch) = stream.next().await {
             let batch: RecordBatch = batch.map_err(|e| {
                 Error::datafusion(format!("batch {batch_id}: computing rows for Parquet"), e)
             })?;
-            let mut offset = 0;
-            while offset < batch.num_rows() {
-                let take =
-                    (self.target_rows_per_file - pending_rows).min(batch.num_rows() - offset);
-                pending.push(batch.slice(offset, take));
-                pending_rows += take;
-                offset += take;
-                if pending_rows == self.target_rows_per_file {
-                    self.put_part(&schema, std::mem::take(&mut pending), batch_id, parts)
-                        .await?;
-                    parts += 1;
-                    total += pending_rows as u64;
-                    pending_rows = 0;
-                }
+            for part in chunks.push(&batch) {
+                total += rows_of(&part) as u64;
+                self.put_part(&schema, part, batch_id, parts).await?;
+                parts += 1;
             }
         }
-        if pending_rows > 0 {
-            self.put_part(&schema, pending, batch_id, parts).await?;
+        if let Some(part) = chunks.finish() {
+            total += rows_of(&part) as u64;
+            self.put_part(&schema, part, batch_id, parts).await?;
             parts += 1;
-            total += pending_rows as u64;
         }
         if ctx.is_replay {
             self.remove_stale_parts(batch_id, parts).await?;
@@ -281,9 +270,9 @@ fn encode(
     props: WriterProperties,
     parallel_from_rows: usize,
 ) -> std::result::Result<Vec<u8>, ParquetError> {
-    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let rows = rows_of(batches);
     let threads = crate::cores().min(schema.fields().len());
-    let group_rows = props.max_row_group_row_count().unwrap_or(usize::MAX).max(1);
+    let group_rows = props.max_row_group_row_count().unwrap_or(usize::MAX);
     let mut w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))?;
     if rows < parallel_from_rows || threads < 2 {
         for b in batches {
@@ -292,16 +281,14 @@ fn encode(
         return w.into_inner();
     }
     let (mut file, factory) = w.into_serialized_writer()?;
-    let mut group: Vec<RecordBatch> = Vec::new();
-    let mut group_len = 0;
     let mut index = 0;
-    let mut flush = |group: &mut Vec<RecordBatch>, index: &mut usize| {
+    let mut flush = |group: Vec<RecordBatch>| {
         let mut jobs: Vec<(ArrowColumnWriter, Vec<ArrowLeafColumn>)> = factory
-            .create_column_writers(*index)?
+            .create_column_writers(index)?
             .into_iter()
             .map(|w| (w, Vec::new()))
             .collect();
-        for b in group.drain(..) {
+        for b in group {
             let mut leaf = 0;
             for (field, column) in schema.fields().iter().zip(b.columns()) {
                 for l in compute_leaves(field, column)? {
@@ -319,26 +306,63 @@ fn encode(
             c.append_to_row_group(&mut rg)?;
         }
         rg.close()?;
-        *index += 1;
+        index += 1;
         Ok::<(), ParquetError>(())
     };
+    let mut groups = Chunker::new(group_rows);
     for b in batches {
-        let mut offset = 0;
-        while offset < b.num_rows() {
-            let take = (group_rows - group_len).min(b.num_rows() - offset);
-            group.push(b.slice(offset, take));
-            group_len += take;
-            offset += take;
-            if group_len == group_rows {
-                flush(&mut group, &mut index)?;
-                group_len = 0;
-            }
+        for group in groups.push(b) {
+            flush(group)?;
         }
     }
-    if group_len > 0 {
-        flush(&mut group, &mut index)?;
+    if let Some(group) = groups.finish() {
+        flush(group)?;
     }
     file.into_inner()
+}
+
+fn rows_of(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(RecordBatch::num_rows).sum()
+}
+
+/// Cuts a stream of batches into runs of `rows` rows (zero-copy slices), as parts of a
+/// batch and row groups of a part are cut; the last run may be shorter.
+struct Chunker {
+    rows: usize,
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+}
+
+impl Chunker {
+    fn new(rows: usize) -> Self {
+        Chunker {
+            rows: rows.max(1),
+            pending: Vec::new(),
+            pending_rows: 0,
+        }
+    }
+
+    /// Takes `batch`; the runs it completed, in order.
+    fn push(&mut self, batch: &RecordBatch) -> Vec<Vec<RecordBatch>> {
+        let mut full = Vec::new();
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let take = (self.rows - self.pending_rows).min(batch.num_rows() - offset);
+            self.pending.push(batch.slice(offset, take));
+            self.pending_rows += take;
+            offset += take;
+            if self.pending_rows == self.rows {
+                full.push(std::mem::take(&mut self.pending));
+                self.pending_rows = 0;
+            }
+        }
+        full
+    }
+
+    /// The last, shorter run, if rows are left.
+    fn finish(self) -> Option<Vec<RecordBatch>> {
+        (self.pending_rows > 0).then_some(self.pending)
+    }
 }
 
 /// Encodes each leaf column with its writer, `threads` columns at a time; the chunks in
