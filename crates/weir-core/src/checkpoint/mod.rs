@@ -537,12 +537,7 @@ async fn remove_stale_temps(root: &Location) -> Result<()> {
 
 /// `.N.<uuid>.tmp`, as weir names a log entry's temp file.
 fn is_log_temp(name: &str) -> bool {
-    name.strip_prefix('.')
-        .and_then(|r| r.strip_suffix(".tmp"))
-        .and_then(|r| r.split_once('.'))
-        .is_some_and(|(id, u)| {
-            id.parse::<u64>().is_ok() && u.len() == 32 && u.bytes().all(|c| c.is_ascii_hexdigit())
-        })
+    crate::storage::temp_target(name).is_some_and(|n| n.parse::<u64>().is_ok())
 }
 
 /// True when the pinned settings of a batch are Spark's (the batch was planned by Spark).

@@ -243,8 +243,8 @@ impl ParquetSink {
             .await?
             .into_iter()
             .filter(|name| {
-                if let Some(rest) = name.strip_prefix('.') {
-                    rest.starts_with(&prefix) && name.ends_with(".tmp")
+                if let Some(target) = crate::storage::temp_target(name) {
+                    target.starts_with(&prefix)
                 } else {
                     name.strip_prefix(&prefix)
                         .and_then(|r| r.strip_suffix(".parquet"))

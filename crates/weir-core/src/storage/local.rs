@@ -92,7 +92,7 @@ pub(super) fn temp_name(path: &Path) -> Result<PathBuf> {
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| Error::config("path", format!("{} has no file name", path.display())))?;
-    Ok(dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple())))
+    Ok(dir.join(super::names::temp_name(name)))
 }
 
 fn write_temp(tmp: &Path, bytes: &[u8]) -> Result<()> {

@@ -47,3 +47,17 @@ fn hex(b: u8) -> Option<u8> {
 pub fn is_hidden(name: &str) -> bool {
     name.starts_with('.') || name.starts_with('_')
 }
+
+/// The hidden name a local write of `name` goes through: `.{name}.{uuid}.tmp`.
+pub(crate) fn temp_name(name: &str) -> String {
+    format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple())
+}
+
+/// The name a [`temp_name`] was made for; `None` for any other name.
+pub(crate) fn temp_target(temp: &str) -> Option<&str> {
+    let (target, id) = temp
+        .strip_prefix('.')?
+        .strip_suffix(".tmp")?
+        .rsplit_once('.')?;
+    (id.len() == 32 && id.bytes().all(|c| c.is_ascii_hexdigit())).then_some(target)
+}
