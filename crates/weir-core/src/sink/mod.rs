@@ -11,6 +11,7 @@ mod console;
 mod context;
 mod parquet;
 mod parquet_config;
+mod parquet_dictionary;
 pub mod upsert;
 
 use std::future::Future;

@@ -30,6 +30,7 @@ use datafusion::prelude::DataFrame;
 use futures::StreamExt;
 use tokio::sync::OnceCell;
 
+use super::parquet_dictionary::without_wasted_dictionaries;
 use super::{BatchContext, ForeachBatch};
 use crate::error::{BoxError, Error, Result};
 use crate::fault;
@@ -220,7 +221,8 @@ impl ParquetSink {
         let sink = self.label();
         let codec = self.compression.codec();
         let bytes = blocking(move || {
-            let props = WriterProperties::builder().set_compression(codec).build();
+            let props = WriterProperties::builder().set_compression(codec);
+            let props = without_wasted_dictionaries(props, &schema, &batches, None).build();
             encode(schema, &batches, props, PARALLEL_FROM_ROWS)
                 .map(Bytes::from)
                 .map_err(|e| Error::Sink {
