@@ -95,7 +95,11 @@ pub(super) fn decode_file(
             // One record per non-blank line.
             let mut records = Vec::new();
             let mut line_of = Vec::new();
-            for (i, line) in text.split(|&b| b == b'\n').enumerate() {
+            let mut start = 0;
+            let ends = memchr::memchr_iter(b'\n', text).chain(std::iter::once(text.len()));
+            for (i, end) in ends.enumerate() {
+                let line = &text[start..end];
+                start = end + 1;
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
