@@ -9,12 +9,12 @@
 //! the columns whose values are mostly distinct or would overflow the page; columns of few
 //! values (a status, a country) keep it.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 
 use datafusion::arrow::array::{Array, ArrayData, AsArray};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{HashMap, HashSet};
 use datafusion::parquet::file::properties::{
     DEFAULT_DICTIONARY_PAGE_SIZE_LIMIT, DEFAULT_MAX_ROW_GROUP_ROW_COUNT, WriterPropertiesBuilder,
 };
@@ -80,9 +80,9 @@ fn estimate(columns: &[&dyn Array], rows: usize) -> Option<Estimate> {
             Some(s)
         })
         .collect();
-    let hasher = RandomState::new();
-    let mut counts: HashMap<u64, u64> = HashMap::new();
-    let mut seen = HashSet::with_capacity(SAMPLE);
+    let mut counts: HashMap<u64, u64> = HashMap::with_capacity(SAMPLE);
+    let mut seen: HashSet<usize> = HashSet::with_capacity(SAMPLE);
+    let hasher = counts.hasher().clone();
     let (mut tried, mut taken, mut bytes) = (0usize, 0usize, 0usize);
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     // Bounded: a mostly-null column stops after 4 * SAMPLE draws.
@@ -148,7 +148,7 @@ fn value_hash(
     column: &dyn Array,
     data: &ArrayData,
     row: usize,
-    hasher: &RandomState,
+    hasher: &impl BuildHasher,
 ) -> Option<(u64, usize)> {
     let bytes = |b: &[u8], extra: usize| Some((hasher.hash_one(b), b.len() + extra));
     match column.data_type() {
