@@ -316,8 +316,14 @@ fn top_one(
     }
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
     let picks = match (narrow(&key_rows), narrow(&order_rows)) {
-        (Some(_), Some(_)) if u32::try_from(rows).is_ok() => {
-            pick_narrow(&key_rows, &order_rows, rows)
+        (Some(width), Some(_)) if u32::try_from(rows).is_ok() => {
+            if width <= 9 && one_first_byte(&key_rows) {
+                // No NULL key (or only NULL keys): the leading null byte tells no key from
+                // another, and the rest fits 8 bytes (a 16-byte map entry, not 32).
+                pick_narrow(&key_rows, &order_rows, rows, |k| number64(&k[1..]))
+            } else {
+                pick_narrow(&key_rows, &order_rows, rows, number)
+            }
         }
         _ => pick_wide(&key_rows, &order_rows, rows),
     };
@@ -353,23 +359,45 @@ fn number(row: &[u8]) -> u128 {
     u128::from_be_bytes(head)
 }
 
-/// [`pick_wide`] for keys and orders that [`narrow`] accepts: compared as numbers, no
-/// byte comparisons.
-fn pick_narrow(key_rows: &[Rows], order_rows: &[Rows], rows: usize) -> Vec<(usize, usize)> {
-    // key -> (batch, row) of the best row so far (32 bytes an entry, as in pick_wide).
-    let mut best: HashMap<u128, (u32, u32)> = HashMap::with_capacity(rows);
+/// [`number`] for rows of at most 8 bytes.
+fn number64(row: &[u8]) -> u64 {
+    let mut head = [0u8; 8];
+    let n = row.len().min(8);
+    head[..n].copy_from_slice(&row[..n]);
+    u64::from_be_bytes(head)
+}
+
+/// Whether every row of `rows` starts with the same byte.
+fn one_first_byte(rows: &[Rows]) -> bool {
+    let mut firsts = rows
+        .iter()
+        .flat_map(|r| r.iter())
+        .map(|row| row.as_ref().first().copied());
+    let first = firsts.next().flatten();
+    first.is_some() && firsts.all(|b| b == first)
+}
+
+/// [`pick_wide`] for keys and orders that [`narrow`] accepts: keys as `key` makes them
+/// (numbers that tell keys apart and sort as their bytes do), orders compared as numbers;
+/// no byte comparisons.
+fn pick_narrow<K: std::hash::Hash + Eq + Ord + Copy>(
+    key_rows: &[Rows],
+    order_rows: &[Rows],
+    rows: usize,
+    key: impl Fn(&[u8]) -> K,
+) -> Vec<(usize, usize)> {
+    // key -> (batch, row) of the best row so far.
+    let mut best: HashMap<K, (u32, u32)> = HashMap::with_capacity(rows);
     for (bi, (k, o)) in key_rows.iter().zip(order_rows).enumerate() {
-        for (r, (key, order)) in k.iter().zip(o.iter()).enumerate() {
-            let slot = best
-                .entry(number(key.as_ref()))
-                .or_insert((bi as u32, r as u32));
+        for (r, (k, order)) in k.iter().zip(o.iter()).enumerate() {
+            let slot = best.entry(key(k.as_ref())).or_insert((bi as u32, r as u32));
             let held = order_rows[slot.0 as usize].row(slot.1 as usize);
             if number(order.as_ref()) < number(held.as_ref()) {
                 *slot = (bi as u32, r as u32);
             }
         }
     }
-    let mut kept: Vec<(u128, u32, u32)> = best.into_iter().map(|(k, (b, r))| (k, b, r)).collect();
+    let mut kept: Vec<(K, u32, u32)> = best.into_iter().map(|(k, (b, r))| (k, b, r)).collect();
     kept.sort_unstable_by_key(|k| k.0);
     kept.into_iter()
         .map(|(_, b, r)| (b as usize, r as usize))
@@ -495,6 +523,9 @@ mod tests {
             "SELECT k, t FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC) AS rn FROM batch) WHERE rn = 1",
             "SELECT k, t FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t ASC NULLS FIRST) AS rn FROM batch) WHERE rn = 1",
             "SELECT t, a FROM (SELECT *, row_number() OVER (PARTITION BY t ORDER BY a ASC NULLS LAST) AS rn FROM batch) WHERE rn = 1",
+            // No NULL key: compared without the null byte, as 8-byte numbers (negative
+            // ones too).
+            "SELECT k2, t FROM (SELECT *, row_number() OVER (PARTITION BY k2 ORDER BY t DESC) AS rn FROM (SELECT coalesce(k, -1) - 150 AS k2, t FROM batch)) WHERE rn = 1",
             // A fixed-width key, an order of text (compared as bytes).
             "SELECT k, s FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY s DESC NULLS LAST) AS rn FROM batch) WHERE rn = 1",
         ] {
@@ -509,6 +540,8 @@ mod tests {
         let sql = "SELECT k, t FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC, s DESC, a DESC) AS rn FROM batch) WHERE rn = 1 ORDER BY k";
         assert_eq!(in_order(&with, sql).await, in_order(&without, sql).await);
         let sql = "SELECT k, t FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY t DESC) AS rn FROM batch) WHERE rn = 1 ORDER BY k DESC";
+        assert_eq!(in_order(&with, sql).await, in_order(&without, sql).await);
+        let sql = "SELECT k2, t FROM (SELECT *, row_number() OVER (PARTITION BY k2 ORDER BY t ASC) AS rn FROM (SELECT coalesce(k, 7) - 150 AS k2, t FROM batch)) WHERE rn = 1 ORDER BY k2";
         assert_eq!(in_order(&with, sql).await, in_order(&without, sql).await);
         // weir's batches: one partition in, two target partitions (the default).
         let one = || vec![vec![batch(5, 900)]];
