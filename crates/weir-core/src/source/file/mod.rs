@@ -586,7 +586,9 @@ impl Source for FileSource {
             .clone()
             .unwrap_or_else(|| self.schema.clone());
         let mode = self.opts.mode;
-        let parallel = crate::cores().max(2);
+        // Two files per core: one is read (listing check, get) while one is decoded, so
+        // the cores do not wait on the store at the start of a range.
+        let parallel = 2 * crate::cores().max(2);
         let decoded: Vec<(RecordBatch, u64)> = futures::stream::iter(files)
             .map(|e| read::read_entry(&dir, e, &format, &base, mode))
             .buffered(parallel)
