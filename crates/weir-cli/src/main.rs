@@ -6,7 +6,6 @@ mod demo;
 mod generate;
 mod malloc;
 mod pipeline;
-mod readahead;
 mod report;
 mod show;
 mod soak;
@@ -114,7 +113,6 @@ fn main() -> ExitCode {
         LogFormat::Json => logs.json().with_current_span(true).init(),
     }
     tracing::debug!("{malloc}");
-    readahead::own_binary();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
