@@ -245,9 +245,13 @@ mod tests {
         ));
         let schema = Arc::new(Schema::new(vec![Field::new("wide", DataType::Utf8, false)]));
         let b = RecordBatch::try_new(schema.clone(), vec![wide]).unwrap();
-        let props =
-            without_wasted_dictionaries(WriterProperties::builder(), &schema, &[b.clone()], None)
-                .build();
+        let props = without_wasted_dictionaries(
+            WriterProperties::builder(),
+            &schema,
+            std::slice::from_ref(&b),
+            None,
+        )
+        .build();
         assert!(!dictionary(&props, "wide"));
         let short: ArrayRef = Arc::new(StringArray::from_iter_values(
             (0..30_000).map(|i| format!("{}", i % 10_000)),
