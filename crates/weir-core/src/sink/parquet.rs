@@ -222,7 +222,7 @@ impl ParquetSink {
         let codec = self.compression.codec();
         let bytes = blocking(move || {
             let props = WriterProperties::builder().set_compression(codec);
-            let props = without_wasted_dictionaries(props, &schema, &batches, None).build();
+            let props = without_wasted_dictionaries(props, &schema, &batches).build();
             encode(schema, &batches, props, PARALLEL_FROM_ROWS)
                 .map(Bytes::from)
                 .map_err(|e| Error::Sink {
@@ -323,7 +323,7 @@ fn encode(
     file.into_inner()
 }
 
-fn rows_of(batches: &[RecordBatch]) -> usize {
+pub(super) fn rows_of(batches: &[RecordBatch]) -> usize {
     batches.iter().map(RecordBatch::num_rows).sum()
 }
 

@@ -20,22 +20,26 @@ use datafusion::parquet::file::properties::{
 };
 use datafusion::parquet::schema::types::ColumnPath;
 
+use super::parquet::rows_of;
+
 /// Values looked at per column; the estimate's error at the thresholds is about 15% with it.
 const SAMPLE: usize = 4096;
 
 /// `props` with the dictionary turned off for the top-level columns of `batches` (one
-/// part, in row groups of `group_rows`) where it would not pay: estimated distinct values
-/// over half the non-null values, or a dictionary larger than the page limit.
+/// part, in row groups of the writer's default size) where it would not pay: estimated
+/// distinct values over half the non-null values, or a dictionary larger than the page
+/// limit. Parts of at most [`SAMPLE`] rows keep the writer's default: too small for the
+/// dictionary to matter.
 pub(super) fn without_wasted_dictionaries(
     mut props: WriterPropertiesBuilder,
     schema: &SchemaRef,
     batches: &[RecordBatch],
-    group_rows: Option<usize>,
 ) -> WriterPropertiesBuilder {
-    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    let group_rows = group_rows
-        .unwrap_or(DEFAULT_MAX_ROW_GROUP_ROW_COUNT)
-        .min(rows);
+    let rows = rows_of(batches);
+    if rows <= SAMPLE {
+        return props;
+    }
+    let group_rows = DEFAULT_MAX_ROW_GROUP_ROW_COUNT.min(rows);
     for (i, field) in schema.fields().iter().enumerate() {
         let columns: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
         let Some(est) = estimate(&columns, rows) else {
@@ -61,14 +65,12 @@ struct Estimate {
 }
 
 /// Estimates the distinct values of one column (`columns`, one array per batch, `rows` in
-/// all) from the pairs of equal values among [`SAMPLE`] rows drawn at random (the birthday
-/// count; random rather than evenly spaced, so a sorted column of short runs is not taken
-/// for a distinct one). None for parts of at most [`SAMPLE`] rows (too small for the
-/// dictionary to matter: the writer's default stays), for types the dictionary does not
-/// hold as bytes (booleans, nested) and for columns of nulls.
+/// all, more than [`SAMPLE`]) from the pairs of equal values among [`SAMPLE`] rows drawn at
+/// random (the birthday count; random rather than evenly spaced, so a sorted column of
+/// short runs is not taken for a distinct one). None for types the dictionary does not hold
+/// as bytes (booleans, nested) and for columns of nulls.
 fn estimate(columns: &[&dyn Array], rows: usize) -> Option<Estimate> {
-    let first = columns.first()?;
-    if rows <= SAMPLE || !held_as_bytes(first.data_type()) {
+    if !held_as_bytes(columns.first()?.data_type()) {
         return None;
     }
     let data: Vec<ArrayData> = columns.iter().map(|c| c.to_data()).collect();
@@ -227,8 +229,7 @@ mod tests {
                 })
                 .collect();
             let props =
-                without_wasted_dictionaries(WriterProperties::builder(), &schema, &batches, None)
-                    .build();
+                without_wasted_dictionaries(WriterProperties::builder(), &schema, &batches).build();
             // Small parts keep the writer's default.
             assert_eq!(dictionary(&props, "id"), from <= SAMPLE, "{sizes:?}");
             assert!(dictionary(&props, "status"), "{sizes:?}");
@@ -249,7 +250,6 @@ mod tests {
             WriterProperties::builder(),
             &schema,
             std::slice::from_ref(&b),
-            None,
         )
         .build();
         assert!(!dictionary(&props, "wide"));
@@ -257,8 +257,7 @@ mod tests {
             (0..30_000).map(|i| format!("{}", i % 10_000)),
         ));
         let b = RecordBatch::try_new(schema.clone(), vec![short]).unwrap();
-        let props =
-            without_wasted_dictionaries(WriterProperties::builder(), &schema, &[b], None).build();
+        let props = without_wasted_dictionaries(WriterProperties::builder(), &schema, &[b]).build();
         assert!(dictionary(&props, "wide"));
     }
 
