@@ -16,7 +16,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{HashMap, Result as DfResult, ScalarValue};
+use datafusion::common::{DataFusionError, HashMap, Result as DfResult, ScalarValue};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::window::{StandardWindowExpr, WindowExpr};
@@ -315,17 +315,21 @@ fn top_one(
         order_rows.push(order_conv.convert_columns(&eval(b, &mut order.iter().map(|o| &o.expr))?)?);
     }
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    if u32::try_from(rows).is_err() {
+        return Err(DataFusionError::Execution(format!(
+            "newest row per key: {rows} rows in one batch, more than {} (lower the rows per trigger)",
+            u32::MAX
+        )));
+    }
     let picks = match (narrow(&key_rows), narrow(&order_rows)) {
-        (Some(width), Some(_)) if u32::try_from(rows).is_ok() => {
-            if width <= 9 && one_first_byte(&key_rows) {
-                // No NULL key (or only NULL keys): the leading null byte tells no key from
-                // another, and the rest fits 8 bytes (a 16-byte map entry, not 32).
-                pick_narrow(&key_rows, &order_rows, rows, |k| number64(&k[1..]))
-            } else {
-                pick_narrow(&key_rows, &order_rows, rows, number)
-            }
+        (Some(width), Some(_)) if width <= 9 && one_first_byte(&key_rows) => {
+            // No NULL key (or only NULL keys): the leading null byte tells no key from
+            // another, and the rest fits 8 bytes (a 16-byte map entry, not 32).
+            pick(&key_rows, &order_rows, rows, |k| number64(&k[1..]), number)
         }
-        _ => pick_wide(&key_rows, &order_rows, rows),
+        (Some(_), Some(_)) => pick(&key_rows, &order_rows, rows, number, number),
+        // Keys and orders as comparable bytes.
+        _ => pick(&key_rows, &order_rows, rows, |k| k, |o| o),
     };
     let refs: Vec<&RecordBatch> = batches.iter().collect();
     let rows = interleave_record_batch(&refs, &picks)?;
@@ -377,54 +381,39 @@ fn one_first_byte(rows: &[Rows]) -> bool {
     first.is_some() && firsts.all(|b| b == first)
 }
 
-/// [`pick_wide`] for keys and orders that [`narrow`] accepts: keys as `key` makes them
-/// (numbers that tell keys apart and sort as their bytes do), orders compared as numbers;
-/// no byte comparisons.
-fn pick_narrow<K: std::hash::Hash + Eq + Ord + Copy>(
-    key_rows: &[Rows],
-    order_rows: &[Rows],
+/// The (batch, row) of the first row of each key in order (ties: the first in input order),
+/// in key order: keys as `key` makes them and orders as `order` makes them from their row
+/// bytes (the bytes themselves, or numbers that compare as the bytes do, for [`narrow`]
+/// rows).
+fn pick<'a, K, O>(
+    key_rows: &'a [Rows],
+    order_rows: &'a [Rows],
     rows: usize,
-    key: impl Fn(&[u8]) -> K,
-) -> Vec<(usize, usize)> {
-    // key -> (batch, row) of the best row so far.
+    key: impl Fn(&'a [u8]) -> K,
+    order: impl Fn(&'a [u8]) -> O,
+) -> Vec<(usize, usize)>
+where
+    K: std::hash::Hash + Eq + Ord,
+    O: Ord,
+{
+    // key -> (batch, row) of the best row so far (the caller checked rows fit a u32).
     let mut best: HashMap<K, (u32, u32)> = HashMap::with_capacity(rows);
     for (bi, (k, o)) in key_rows.iter().zip(order_rows).enumerate() {
-        for (r, (k, order)) in k.iter().zip(o.iter()).enumerate() {
-            let slot = best.entry(key(k.as_ref())).or_insert((bi as u32, r as u32));
+        for r in 0..k.num_rows() {
+            let slot = best
+                .entry(key(k.row(r).data()))
+                .or_insert((bi as u32, r as u32));
             let held = order_rows[slot.0 as usize].row(slot.1 as usize);
-            if number(order.as_ref()) < number(held.as_ref()) {
+            if order(o.row(r).data()) < order(held.data()) {
                 *slot = (bi as u32, r as u32);
             }
         }
     }
     let mut kept: Vec<(K, u32, u32)> = best.into_iter().map(|(k, (b, r))| (k, b, r)).collect();
-    kept.sort_unstable_by_key(|k| k.0);
+    kept.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     kept.into_iter()
         .map(|(_, b, r)| (b as usize, r as usize))
         .collect()
-}
-
-/// The (batch, row) of the first row of each key in order (ties: the first in input order),
-/// in key order; keys and orders as comparable bytes.
-fn pick_wide(key_rows: &[Rows], order_rows: &[Rows], rows: usize) -> Vec<(usize, usize)> {
-    // key -> the best (batch, row) so far.
-    let mut best: HashMap<&[u8], (usize, usize)> = HashMap::with_capacity(rows);
-    for (bi, (k, o)) in key_rows.iter().zip(order_rows).enumerate() {
-        for r in 0..k.num_rows() {
-            let slot = best.entry(k.row(r).data()).or_insert((bi, r));
-            if o.row(r) < order_rows[slot.0].row(slot.1) {
-                *slot = (bi, r);
-            }
-        }
-    }
-    // In key order: by the first 16 key bytes as a number (all of a one-column integer key,
-    // whose first byte only says it is not null), then by all of them.
-    let mut kept: Vec<(u128, &[u8], (usize, usize))> = best
-        .into_iter()
-        .map(|(k, pick)| (number(k), k, pick))
-        .collect();
-    kept.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-    kept.into_iter().map(|(_, _, pick)| pick).collect()
 }
 
 #[cfg(test)]
