@@ -244,15 +244,37 @@ impl ExecutionPlan for TopOnePerKeyExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    /// With `Keep` (an input with the same properties, e.g. a kept plan given the next
+    /// batch's rows) the properties are not computed again.
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let [input] = <[_; 1]>::try_from(children).map_err(|_| {
             datafusion::error::DataFusionError::Internal("TopOnePerKeyExec takes one input".into())
         })?;
-        Ok(Arc::new(TopOnePerKeyExec::new(
-            input,
-            self.keys.clone(),
-            self.order.clone(),
-            Arc::clone(&self.schema),
-        )))
+        Ok(Arc::new(match options.children_properties {
+            ChildrenPropertiesMode::Keep => TopOnePerKeyExec {
+                input,
+                keys: self.keys.clone(),
+                order: self.order.clone(),
+                schema: Arc::clone(&self.schema),
+                cache: Arc::clone(&self.cache),
+            },
+            ChildrenPropertiesMode::Recompute => TopOnePerKeyExec::new(
+                input,
+                self.keys.clone(),
+                self.order.clone(),
+                Arc::clone(&self.schema),
+            ),
+        }))
     }
 
     fn execute(
