@@ -26,11 +26,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
-use datafusion::datasource::{MemTable, TableProvider};
+use datafusion::datasource::{MemTable, TableProvider, source_as_provider};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{DataFrame, SessionContext};
 use futures::FutureExt;
 use tokio::time::Instant;
 
+use super::prepared::{SqlPlan, deal};
 use super::progress::{
     BehindDetector, FallingBehind, QueryIdle, QueryListener, QueryStarted, QueryTerminated,
     SinkProgress, SourceProgress, StreamingQueryProgress,
@@ -129,6 +131,7 @@ pub(crate) async fn run(spec: QuerySpec, shared: Arc<Shared>) {
             watermark,
             ahead: tokio::sync::Mutex::new(None),
             untold: tokio::sync::Mutex::new(None),
+            sql_plan: tokio::sync::Mutex::new(SqlPlan::default()),
         }
         .run()
         .await
@@ -184,6 +187,9 @@ struct Runner {
     /// The end of a committed batch the source has not been told of yet (it is told once
     /// the read ahead started beside that batch has finished).
     untold: tokio::sync::Mutex<Option<(u64, SourceOffset)>>,
+    /// The plan of a query whose only transform is SQL, kept from batch to batch when it
+    /// may be (see `engine::prepared`).
+    sql_plan: tokio::sync::Mutex<SqlPlan>,
 }
 
 /// What one batch reads.
@@ -822,6 +828,21 @@ impl Runner {
     ) -> Result<(DataFrame, EventTimeStats)> {
         let ctx = &self.spec.ctx;
         let mut event_times = EventTimeStats::default();
+        if let [Transform::Sql(sql)] = self.spec.transforms.as_slice() {
+            let mut parts = Vec::with_capacity(table.batches.len());
+            for p in &table.batches {
+                parts.push(p.read().await.clone());
+            }
+            let n = ctx.state_ref().read().config().target_partitions();
+            let df = self
+                .sql_plan
+                .lock()
+                .await
+                .frame(ctx, sql, table.schema(), deal(parts, n))
+                .await
+                .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?;
+            return Ok((df, event_times));
+        }
         let mut df = ctx
             .read_table(table.clone())
             .map_err(|e| Error::datafusion("reading the materialized batch", e))?;
@@ -966,6 +987,25 @@ struct Timing {
 /// function (and every sink of a fan-out) reads this copy instead of the source again.
 async fn materialize(df: DataFrame) -> Result<(Arc<MemTable>, u64)> {
     let schema = df.schema().inner().clone();
+    // A source that read the range into memory (the file source) hands over a scan of an
+    // in-memory table: its batches are taken as they are, without planning a query.
+    if let LogicalPlan::TableScan(scan) = df.logical_plan()
+        && scan.projection.is_none()
+        && scan.filters.is_empty()
+        && scan.fetch.is_none()
+        && let Ok(provider) = source_as_provider(&scan.source)
+        && let Some(held) = provider.downcast_ref::<MemTable>()
+        && held.schema() == schema
+    {
+        let mut parts = Vec::with_capacity(held.batches.len());
+        for p in &held.batches {
+            parts.push(p.read().await.clone());
+        }
+        let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
+        let table = MemTable::try_new(schema, parts)
+            .map_err(|e| Error::datafusion("holding the batch", e))?;
+        return Ok((Arc::new(table), rows));
+    }
     let parts = df
         .collect_partitioned()
         .await
