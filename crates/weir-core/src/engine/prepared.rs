@@ -320,9 +320,10 @@ pub(crate) enum SqlPlan {
     Unknown,
     /// Planned again for every batch (see the module docs for why a plan is not kept).
     PerBatch,
-    /// Planned once, for input of this schema.
+    /// Planned once, for input of this schema in this many partitions.
     Kept {
         input: SchemaRef,
+        partitions: usize,
         template: Arc<dyn ExecutionPlan>,
         schema: DFSchemaRef,
     },
@@ -340,10 +341,12 @@ impl SqlPlan {
     ) -> DfResult<DataFrame> {
         if let SqlPlan::Kept {
             input: kept,
+            partitions,
             template,
             schema,
         } = self
             && *kept == input
+            && *partitions == parts.len()
         {
             return Ok(prepared_frame(ctx, template, schema, parts));
         }
@@ -377,6 +380,7 @@ impl SqlPlan {
         let frame = prepared_frame(ctx, &template, &schema, parts);
         *self = SqlPlan::Kept {
             input,
+            partitions: empty.len(),
             template,
             schema,
         };
@@ -700,6 +704,13 @@ mod tests {
             .unwrap();
         assert_eq!(df.schema().fields().len(), 1);
         assert_eq!(df.count().await.unwrap(), 2);
+        // Dealt into another number of partitions (the session's target changed).
+        let df = plan
+            .frame(&ctx, sql, schema(), deal(rows(&batches()[1]), 3))
+            .await
+            .unwrap();
+        assert_eq!(df.count().await.unwrap(), 4);
+        assert!(matches!(plan, SqlPlan::Kept { partitions: 3, .. }));
     }
 
     #[test]
