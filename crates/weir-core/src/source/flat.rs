@@ -91,10 +91,10 @@ fn record(
                 return None;
             }
             i = ws(b, i + 1);
-            let col = if names.get(next) == Some(&key) {
+            let col = if names.get(next).is_some_and(|n| same_key(n, key)) {
                 Some(next)
             } else {
-                names.iter().position(|n| *n == key)
+                names.iter().position(|n| same_key(n, key))
             };
             match col {
                 Some(c) => {
@@ -119,6 +119,23 @@ fn record(
         }
     }
     (ws(b, i) == b.len()).then_some(())
+}
+
+/// `a == b` for short byte strings (column names) without a call to `memcmp`, which cost
+/// more than the compare itself: 2.4% of a JSON batch's CPU went to that call.
+#[inline]
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let word = |s: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(s);
+        u64::from_ne_bytes(w)
+    };
+    let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (wa.remainder(), wb.remainder());
+    wa.zip(wb).all(|(x, y)| word(x) == word(y)) && ra.iter().zip(rb).all(|(x, y)| x == y)
 }
 
 /// The first position at or after `i` that is not JSON whitespace.
@@ -592,6 +609,29 @@ mod tests {
 
     use super::*;
     use crate::source::decode::{BadRecordMode, json_strict};
+
+    #[test]
+    fn same_key_is_byte_equality() {
+        let words: Vec<&[u8]> = vec![
+            b"",
+            b"a",
+            b"ab",
+            b"order_id",
+            b"order_ie",
+            b"order_id2",
+            b"prder_id2",
+            b"updated_at",
+            b"updated_au",
+            b"\xc3\xbc_twelve_bytes_",
+            b"0123456789abcdef",
+            b"0123456789abcdeg",
+        ];
+        for a in &words {
+            for b in &words {
+                assert_eq!(same_key(a, b), a == b, "{a:?} {b:?}");
+            }
+        }
+    }
 
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![
