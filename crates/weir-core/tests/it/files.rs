@@ -367,3 +367,97 @@ async fn max_file_age_reads_a_backlog_whole_then_forgets_and_ignores_older_files
         "every file once"
     );
 }
+
+/// Later Parquet files whose column has another type: converted when every value survives
+/// (int into bigint), an error naming file, column and row when one would change (4.7 or
+/// 'abc' into a bigint), never a truncated value or a NULL written in its place.
+#[tokio::test]
+async fn a_parquet_column_of_another_type_is_read_only_without_loss() {
+    use weir_core::FileFormat;
+    use weir_core::datafusion::arrow::array::{ArrayRef, Float64Array, Int32Array, Int64Array};
+    use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use weir_core::datafusion::arrow::record_batch::RecordBatch;
+    use weir_core::datafusion::parquet::arrow::ArrowWriter;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (input, chk) = (dir.path().join("in"), dir.path().join("chk"));
+    std::fs::create_dir_all(&input).unwrap();
+    let write = |name: &str, col: ArrayRef| {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "id",
+            col.data_type().clone(),
+            true,
+        )]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![col]).unwrap();
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(input.join(name)).unwrap(),
+            schema,
+            None,
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    };
+    write("f0.parquet", Arc::new(Int64Array::from(vec![1, 2])));
+    write("f1.parquet", Arc::new(Int32Array::from(vec![3, 4])));
+    write("f2.parquet", Arc::new(Float64Array::from(vec![5.0, 4.7])));
+    let seen: Seen = Arc::default();
+    let run = {
+        let seen = seen.clone();
+        async move {
+            let q = WeirSession::new()
+                .read_stream()
+                .files(&input)
+                .format(FileFormat::Parquet)
+                .schema(Arc::new(Schema::new(vec![Field::new(
+                    "id",
+                    DataType::Int64,
+                    true,
+                )])))
+                .max_files_per_trigger(1)
+                .load()
+                .await?
+                .write_stream()
+                .query_name("parquet-types")
+                .checkpoint(&chk)
+                .trigger(Trigger::AvailableNow)
+                .foreach_batch(move |b: DataFrame, ctx: BatchContext| {
+                    let seen = seen.clone();
+                    async move {
+                        let got = b
+                            .collect()
+                            .await?
+                            .iter()
+                            .flat_map(|b| {
+                                b.column(0)
+                                    .as_any()
+                                    .downcast_ref::<Int64Array>()
+                                    .unwrap()
+                                    .iter()
+                                    .map(|v| v.unwrap())
+                                    .collect::<Vec<_>>()
+                            })
+                            .collect();
+                        seen.lock().unwrap().push((ctx.batch_id, got));
+                        Ok::<(), BoxError>(())
+                    }
+                })
+                .start()
+                .await?;
+            q.await_termination().await
+        }
+    };
+    let err = run.await.unwrap_err();
+    let chain = weir_core::sink::error_chain(&err);
+    assert!(
+        chain.contains("f2.parquet")
+            && chain.contains("column 'id'")
+            && chain.contains("row 2 holds 4.7"),
+        "{chain}"
+    );
+    // The int file was read as bigint; nothing of the float file reached the function.
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        vec![(0, vec![1, 2]), (1, vec![3, 4])]
+    );
+}

@@ -1,7 +1,8 @@
 //! Decoding one input file into rows, on the blocking pool.
 
 use bytes::Bytes;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::ArrayRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -159,7 +160,10 @@ pub(super) fn decode_file(
 }
 
 /// A Parquet file's rows in the source schema: columns by name, cast where the types
-/// differ (a missing column is an error naming it).
+/// differ (a missing column is an error naming it). A cast must keep every value: one that
+/// would truncate (4.7 into a bigint), overflow or turn a value into NULL ('abc' into a
+/// bigint) is an error naming the file, the column and the first such row, not a changed
+/// value.
 fn conform(b: RecordBatch, schema: &SchemaRef, shown: &str) -> Result<RecordBatch> {
     let mut cols = Vec::with_capacity(schema.fields().len());
     for f in schema.fields() {
@@ -173,12 +177,15 @@ fn conform(b: RecordBatch, schema: &SchemaRef, shown: &str) -> Result<RecordBatc
         let c = if c.data_type() == f.data_type() {
             c.clone()
         } else {
-            datafusion::arrow::compute::cast(c, f.data_type()).map_err(|e| {
-                Error::MalformedInput {
-                    file: shown.to_string(),
-                    line: 0,
-                    reason: format!("column '{}': {e}", f.name()),
-                }
+            lossless_cast(c, f.data_type()).map_err(|reason| Error::MalformedInput {
+                file: shown.to_string(),
+                line: 0,
+                reason: format!(
+                    "column '{}' is {} in this file and {} in the source's schema: {reason}",
+                    f.name(),
+                    c.data_type(),
+                    f.data_type()
+                ),
             })?
         };
         cols.push(c);
@@ -188,6 +195,37 @@ fn conform(b: RecordBatch, schema: &SchemaRef, shown: &str) -> Result<RecordBatc
         line: 0,
         reason: e.to_string(),
     })
+}
+
+/// `c` as `to`, only if every value survives: cast without turning failures into NULL,
+/// then back, and compared with the original (NULL equal to NULL, NaN to NaN).
+fn lossless_cast(c: &ArrayRef, to: &DataType) -> std::result::Result<ArrayRef, String> {
+    use datafusion::arrow::compute::kernels::cmp::distinct;
+    use datafusion::arrow::compute::{CastOptions, cast_with_options};
+    let strict = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let out = cast_with_options(c, to, &strict).map_err(|e| e.to_string())?;
+    let back = cast_with_options(&out, c.data_type(), &strict)
+        .map_err(|e| format!("the values cannot be checked after the conversion: {e}"))?;
+    let differs = distinct(c, &back)
+        .map_err(|e| format!("the values cannot be checked after the conversion: {e}"))?;
+    match differs.iter().position(|d| d == Some(true)) {
+        None => Ok(out),
+        Some(row) => {
+            let shown = |a: &ArrayRef| {
+                datafusion::arrow::util::display::array_value_to_string(a, row)
+                    .unwrap_or_else(|_| "?".into())
+            };
+            Err(format!(
+                "row {} holds {}, which would be read as {}",
+                row + 1,
+                shown(c),
+                shown(&out)
+            ))
+        }
+    }
 }
 
 fn malformed(file: &str, line: u64, reason: String) -> Error {
@@ -211,7 +249,68 @@ pub(super) fn parquet_schema(bytes: Bytes, shown: &str) -> Result<SchemaRef> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{
+        Float32Array, Float64Array, Int32Array, Int64Array, StringArray,
+    };
+
     use super::*;
+
+    #[test]
+    fn a_parquet_column_of_another_type_is_converted_only_without_loss() {
+        let ok = |c: ArrayRef, to: DataType| lossless_cast(&c, &to).unwrap();
+        let refused = |c: ArrayRef, to: DataType| lossless_cast(&c, &to).unwrap_err();
+        // Widening and exact conversions pass, NULLs and NaN included.
+        let wide = ok(
+            Arc::new(Int32Array::from(vec![Some(1), None, Some(i32::MIN)])),
+            DataType::Int64,
+        );
+        assert_eq!(
+            wide.as_ref(),
+            &Int64Array::from(vec![Some(1), None, Some(i32::MIN as i64)])
+                as &dyn datafusion::arrow::array::Array
+        );
+        ok(
+            Arc::new(Float32Array::from(vec![Some(1.5), Some(f32::NAN), None])),
+            DataType::Float64,
+        );
+        ok(
+            Arc::new(Float64Array::from(vec![4.0, -1.0])),
+            DataType::Int64,
+        );
+        ok(
+            Arc::new(StringArray::from(vec![Some("3"), None])),
+            DataType::Int64,
+        );
+        // What would change a value is refused, naming the row and both values.
+        let e = refused(
+            Arc::new(Float64Array::from(vec![4.0, 4.7])),
+            DataType::Int64,
+        );
+        assert!(
+            e.contains("row 2 holds 4.7, which would be read as 4"),
+            "{e}"
+        );
+        let e = refused(Arc::new(Float64Array::from(vec![1e30])), DataType::Int64);
+        assert!(
+            e.contains("1000000000000000000000000000000")
+                || e.contains("1e30")
+                || e.contains("overflow")
+                || e.contains("Can't cast"),
+            "{e}"
+        );
+        refused(Arc::new(StringArray::from(vec!["abc"])), DataType::Int64);
+        let e = refused(
+            Arc::new(StringArray::from(vec!["7", "03"])),
+            DataType::Int64,
+        );
+        assert!(e.contains("row 2 holds 03"), "{e}");
+        refused(
+            Arc::new(Int64Array::from(vec![1i64 << 40])),
+            DataType::Int32,
+        );
+    }
 
     #[test]
     fn a_recorded_file_that_grew_shrank_or_was_rewritten_is_a_change() {
