@@ -123,8 +123,9 @@ pub enum Error {
         change: String,
     },
 
-    /// A line of an input file could not be parsed (FAILFAST).
-    #[error("malformed record in {file} at line {line}: {reason}")]
+    /// A line of an input file could not be parsed (FAILFAST); `line` 0: the file as a
+    /// whole (a Parquet file), whose reason names the row.
+    #[error("malformed record in {file}{}: {reason}", at_line(*line))]
     MalformedInput {
         file: String,
         line: u64,
@@ -243,5 +244,14 @@ impl Error {
             source_name: source_name.into(),
             source: source.into(),
         }
+    }
+}
+
+/// ` at line N`, or nothing for line 0 (a file that has no lines, such as Parquet).
+fn at_line(line: u64) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(" at line {line}")
     }
 }
