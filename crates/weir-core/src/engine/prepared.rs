@@ -350,12 +350,8 @@ impl SqlPlan {
         {
             return Ok(prepared_frame(ctx, template, schema, parts));
         }
-        let table: Arc<dyn TableProvider> =
-            Arc::new(BatchTable::new(Arc::clone(&input), Arc::clone(&parts)));
-        ctx.register_table(super::BATCH_VIEW, table)?;
-        let planned = ctx.sql(sql).await;
-        ctx.deregister_table(super::BATCH_VIEW)?;
-        let df = planned?;
+        let table = Arc::new(BatchTable::new(Arc::clone(&input), Arc::clone(&parts)));
+        let df = super::runner::sql_over_table(ctx, table, sql).await?;
         if matches!(self, SqlPlan::PerBatch) || !may_keep(df.logical_plan())? {
             *self = SqlPlan::PerBatch;
             return Ok(df);

@@ -56,8 +56,16 @@ pub async fn sql_over_batch(
     df: DataFrame,
     sql: &str,
 ) -> datafusion::error::Result<DataFrame> {
-    let view: Arc<dyn TableProvider> = df.into_view();
-    ctx.register_table(BATCH_VIEW, view)?;
+    sql_over_table(ctx, df.into_view(), sql).await
+}
+
+/// [`sql_over_batch`] over a table.
+pub(crate) async fn sql_over_table(
+    ctx: &SessionContext,
+    table: Arc<dyn TableProvider>,
+    sql: &str,
+) -> datafusion::error::Result<DataFrame> {
+    ctx.register_table(BATCH_VIEW, table)?;
     let planned = ctx.sql(sql).await;
     ctx.deregister_table(BATCH_VIEW)?;
     planned
@@ -829,10 +837,7 @@ impl Runner {
         let ctx = &self.spec.ctx;
         let mut event_times = EventTimeStats::default();
         if let [Transform::Sql(sql)] = self.spec.transforms.as_slice() {
-            let mut parts = Vec::with_capacity(table.batches.len());
-            for p in &table.batches {
-                parts.push(p.read().await.clone());
-            }
+            let parts = partitions_of(&table).await;
             let n = ctx.state_ref().read().config().target_partitions();
             let df = self
                 .sql_plan
@@ -994,17 +999,16 @@ async fn materialize(df: DataFrame) -> Result<(Arc<MemTable>, u64)> {
         && scan.filters.is_empty()
         && scan.fetch.is_none()
         && let Ok(provider) = source_as_provider(&scan.source)
-        && let Some(held) = provider.downcast_ref::<MemTable>()
-        && held.schema() == schema
+        && provider.schema() == schema
+        && let Ok(held) = (provider as Arc<dyn std::any::Any + Send + Sync>).downcast::<MemTable>()
     {
-        let mut parts = Vec::with_capacity(held.batches.len());
-        for p in &held.batches {
-            parts.push(p.read().await.clone());
-        }
-        let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
-        let table = MemTable::try_new(schema, parts)
-            .map_err(|e| Error::datafusion("holding the batch", e))?;
-        return Ok((Arc::new(table), rows));
+        let rows = partitions_of(&held)
+            .await
+            .iter()
+            .flatten()
+            .map(|b| b.num_rows() as u64)
+            .sum();
+        return Ok((held, rows));
     }
     let parts = df
         .collect_partitioned()
@@ -1014,6 +1018,15 @@ async fn materialize(df: DataFrame) -> Result<(Arc<MemTable>, u64)> {
     let table =
         MemTable::try_new(schema, parts).map_err(|e| Error::datafusion("holding the batch", e))?;
     Ok((Arc::new(table), rows))
+}
+
+/// The record batches of each partition of an in-memory table.
+async fn partitions_of(table: &MemTable) -> Vec<Vec<datafusion::arrow::array::RecordBatch>> {
+    let mut parts = Vec::with_capacity(table.batches.len());
+    for p in &table.batches {
+        parts.push(p.read().await.clone());
+    }
+    parts
 }
 
 fn per_second(rows: u64, secs: f64) -> f64 {
