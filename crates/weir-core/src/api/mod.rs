@@ -123,7 +123,7 @@ impl WeirSession {
             .with_runtime_env(self.runtime.clone())
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(crate::engine::top_one::TopOnePerKey))
-            .with_query_planner(crate::engine::query_planner())
+            .with_query_planner(Arc::new(crate::engine::WeirQueryPlanner))
             .build();
         SessionContext::new_with_state(state)
     }

@@ -1,6 +1,7 @@
 //! The micro-batch engine: triggers, the run loop, progress and the query handle.
 
 mod prepared;
+pub(crate) use prepared::WeirQueryPlanner;
 pub mod progress;
 mod query;
 mod runner;
@@ -19,10 +20,3 @@ pub use runner::{BATCH_VIEW, Transform, sql_over_batch};
 pub(crate) use runner::{QuerySpec, run};
 pub use stateful::{Aggregation, OutputMode, check_steps};
 pub use trigger::{Trigger, parse_duration};
-
-/// The query planner of weir's sessions: DataFusion's, which also plans the batches of a
-/// query whose SQL plan is kept (see `prepared`).
-pub(crate) fn query_planner()
--> std::sync::Arc<dyn datafusion::execution::context::QueryPlanner + Send + Sync> {
-    std::sync::Arc::new(prepared::WeirQueryPlanner)
-}
