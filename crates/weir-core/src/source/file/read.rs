@@ -177,15 +177,17 @@ fn conform(b: RecordBatch, schema: &SchemaRef, shown: &str) -> Result<RecordBatc
         let c = if c.data_type() == f.data_type() {
             c.clone()
         } else {
-            lossless_cast(c, f.data_type()).map_err(|reason| Error::MalformedInput {
-                file: shown.to_string(),
-                line: 0,
-                reason: format!(
-                    "column '{}' is {} in this file and {} in the source's schema: {reason}",
-                    f.name(),
-                    c.data_type(),
-                    f.data_type()
-                ),
+            lossless_cast(c, f.data_type()).map_err(|reason| {
+                malformed(
+                    shown,
+                    0,
+                    format!(
+                        "column '{}' is {} in this file and {} in the source's schema: {reason}",
+                        f.name(),
+                        c.data_type(),
+                        f.data_type()
+                    ),
+                )
             })?
         };
         cols.push(c);
