@@ -379,18 +379,20 @@ fn narrow(rows: &[Rows]) -> Option<usize> {
 /// A row of at most 16 bytes as a number that sorts as its bytes do (among rows of one
 /// length).
 fn number(row: &[u8]) -> u128 {
-    let mut head = [0u8; 16];
-    let n = row.len().min(16);
-    head[..n].copy_from_slice(&row[..n]);
-    u128::from_be_bytes(head)
+    u128::from_be_bytes(head(row))
 }
 
 /// [`number`] for rows of at most 8 bytes.
 fn number64(row: &[u8]) -> u64 {
-    let mut head = [0u8; 8];
-    let n = row.len().min(8);
+    u64::from_be_bytes(head(row))
+}
+
+/// The first `N` bytes of `row`, zero-padded.
+fn head<const N: usize>(row: &[u8]) -> [u8; N] {
+    let mut head = [0u8; N];
+    let n = row.len().min(N);
     head[..n].copy_from_slice(&row[..n]);
-    u64::from_be_bytes(head)
+    head
 }
 
 /// Whether every row of `rows` starts with the same byte.
