@@ -1,0 +1,64 @@
+"""Writes the hot-symbol order file from callgrind profiles of the weir binary.
+
+Usage: python3 bench/hot_symbols.py BINARY OUT PROFILE...
+
+Every function of BINARY that ran in any PROFILE (callgrind output written with
+--demangle=no) is listed once, by its mangled name: first those the first PROFILE ran,
+then those the second one added, and so on, each group in the order it lies in BINARY. lld then
+places them first and together in `.text` (`--symbol-ordering-file`), so the code a batch
+runs fills a few MB of pages instead of being spread over the whole binary (see
+crates/weir-cli/build.rs).
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+
+def executed(profile, binary_name):
+    """Mangled names of the functions of `binary_name` that ran in one callgrind profile."""
+    names, objects, current, ran = {}, {}, None, set()
+    for line in open(profile, encoding="utf-8", errors="replace"):
+        m = re.match(r"(c?ob)=\((\d+)\)(?: (.*))?", line)
+        if m:
+            kind, i, name = m.groups()
+            if name:
+                objects[i] = name.strip()
+            if kind == "ob":
+                current = objects.get(i)
+            continue
+        m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line)
+        if m:
+            kind, i, name = m.groups()
+            if name:
+                names[i] = name.strip()
+            if kind == "fn" and current and os.path.basename(current) == binary_name:
+                # A recursive function's deeper calls are named "f'2", "f'3", ...
+                ran.add(names[i].split("'")[0])
+    return ran
+
+
+def main():
+    binary, out, profiles = sys.argv[1], sys.argv[2], sys.argv[3:]
+    first = {}
+    for i, p in enumerate(profiles):
+        for name in executed(p, os.path.basename(binary)):
+            first.setdefault(name, i)
+    ran = set(first)
+    nm = subprocess.run(
+        ["nm", "--defined-only", binary], capture_output=True, text=True, check=True
+    ).stdout
+    address = {}
+    for line in nm.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "tTwW" and parts[2] in ran:
+            address.setdefault(parts[2], int(parts[0], 16))
+    hot = sorted(address, key=lambda n: (first[n], address[n]))
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("\n".join(hot) + "\n")
+    print(f"{len(hot)} functions ran ({len(ran) - len(hot)} had no symbol); wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
