@@ -25,6 +25,9 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
+if { [ -n "$kafka" ] && [ -z "$postgres" ]; } || { [ -z "$kafka" ] && [ -n "$postgres" ]; }; then
+  echo "--kafka and --postgres go together (the worked example needs both)" >&2; exit 2
+fi
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
 bin="${WEIR_BIN:-target/release/weir}"
 if [ ! -x "$bin" ]; then
