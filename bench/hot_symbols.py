@@ -1,6 +1,7 @@
 """Writes the hot-symbol order file from callgrind profiles of the weir binary.
 
 Usage: python3 bench/hot_symbols.py BINARY OUT PROFILE...
+       python3 bench/hot_symbols.py --check BINARY LIST   (how much of LIST BINARY has)
 
 Every function of BINARY that ran in any PROFILE (callgrind output written with
 --demangle=no) is listed once, by its mangled name: first those the first PROFILE ran,
@@ -39,21 +40,47 @@ def executed(profile, binary_name):
     return ran
 
 
+def symbols(binary):
+    """(name, address) of every function BINARY defines."""
+    nm = subprocess.run(
+        ["nm", "--defined-only", binary], capture_output=True, text=True, check=True
+    ).stdout
+    for line in nm.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "tTwW":
+            yield parts[2], int(parts[0], 16)
+
+
+def check(binary, listed):
+    """Says how many names of the list BINARY defines: after renames, another rustc or
+    other dependencies, fewer of them match and less of the hot code lies together."""
+    names = [n for n in open(listed, encoding="utf-8").read().split() if n]
+    defined = {name for name, _ in symbols(binary)}
+    found = sum(1 for n in names if n in defined)
+    share = found / len(names) if names else 0.0
+    print(f"{listed}: {found} of {len(names)} listed functions are in {binary} ({share:.0%})")
+    if share < 0.9:
+        print(
+            "  the list is stale for this build: run bench/hot_symbols.sh to lay the hot "
+            "code out together again",
+            file=sys.stderr,
+        )
+
+
 def main():
+    if sys.argv[1] == "--check":
+        check(sys.argv[2], sys.argv[3])
+        return
     binary, out, profiles = sys.argv[1], sys.argv[2], sys.argv[3:]
     first = {}
     for i, p in enumerate(profiles):
         for name in executed(p, os.path.basename(binary)):
             first.setdefault(name, i)
     ran = set(first)
-    nm = subprocess.run(
-        ["nm", "--defined-only", binary], capture_output=True, text=True, check=True
-    ).stdout
     address = {}
-    for line in nm.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[1] in "tTwW" and parts[2] in ran:
-            address.setdefault(parts[2], int(parts[0], 16))
+    for name, at in symbols(binary):
+        if name in ran:
+            address.setdefault(name, at)
     hot = sorted(address, key=lambda n: (first[n], address[n]))
     with open(out, "w", encoding="utf-8") as f:
         f.write("\n".join(hot) + "\n")

@@ -15,3 +15,8 @@ if [ -z "${WEIR_BIN:-}" ]; then
   cargo build --release --locked -p weir-cli
   WEIR_BIN="$CARGO_TARGET_DIR/release/weir"
 fi
+# The release binary is linked with its hot code first (crates/weir-cli/build.rs); say how
+# much of that list this build matched, since a stale list costs memory, not correctness.
+if command -v nm >/dev/null; then
+  python3 bench/hot_symbols.py --check "$WEIR_BIN" crates/weir-cli/link/hot-symbols.txt || true
+fi
