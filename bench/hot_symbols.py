@@ -56,6 +56,9 @@ def check(binary, listed):
     other dependencies, fewer of them match and less of the hot code lies together."""
     names = [n for n in open(listed, encoding="utf-8").read().split() if n]
     defined = {name for name, _ in symbols(binary)}
+    if not defined:
+        print(f"{binary} has no symbol table (stripped): cannot tell", file=sys.stderr)
+        return
     found = sum(1 for n in names if n in defined)
     share = found / len(names) if names else 0.0
     print(f"{listed}: {found} of {len(names)} listed functions are in {binary} ({share:.0%})")
@@ -68,13 +71,21 @@ def check(binary, listed):
 
 
 def main():
-    if sys.argv[1] == "--check":
+    if len(sys.argv) == 4 and sys.argv[1] == "--check":
         check(sys.argv[2], sys.argv[3])
         return
+    if len(sys.argv) < 4 or sys.argv[1] == "--check":
+        sys.exit(__doc__)
     binary, out, profiles = sys.argv[1], sys.argv[2], sys.argv[3:]
     first = {}
     for i, p in enumerate(profiles):
-        for name in executed(p, os.path.basename(binary)):
+        names = executed(p, os.path.basename(binary))
+        if not names:
+            sys.exit(
+                f"{p}: no function of {binary} ran in it (callgrind must write compressed "
+                "names without demangling: --demangle=no, no --compress-strings=no)"
+            )
+        for name in names:
             first.setdefault(name, i)
     ran = set(first)
     address = {}
@@ -82,6 +93,11 @@ def main():
         if name in ran:
             address.setdefault(name, at)
     hot = sorted(address, key=lambda n: (first[n], address[n]))
+    if len(hot) < len(ran) // 2:
+        sys.exit(
+            f"only {len(hot)} of the {len(ran)} functions that ran have a symbol in {binary} "
+            "(a stripped binary?); not writing the list"
+        )
     with open(out, "w", encoding="utf-8") as f:
         f.write("\n".join(hot) + "\n")
     print(f"{len(hot)} functions ran ({len(ran) - len(hot)} had no symbol); wrote {out}")

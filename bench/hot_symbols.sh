@@ -6,11 +6,11 @@
 # and lists every function of the binary that ran, so lld places them first and together
 # in .text. Without it the code a batch runs (about 6 MB) lies spread over some 50 MB of
 # the 140 MB of text, and the kernel maps a 64 KB window around every page it faults in:
-# the binary's resident text was 51-58 MB in a 2M-row run, about 14 MB with the order.
+# the binary's resident text was 51-58 MB in a 2M-row run, about 15 MB with the order.
 #
 # Usage: bench/hot_symbols.sh [--kafka HOST:PORT --postgres CONNINFO]
-#   WEIR_BIN=path   the release binary to profile (default: target/release/weir, built if
-#                   missing). Run it again after changes that add or rename hot functions;
+#   WEIR_BIN=path   the release binary to profile (default: build it with cargo). Run the
+#                   script again after changes that add or rename hot functions;
 #                   a stale list still links (names it lists that no longer exist are
 #                   skipped), it only places less of the hot code together.
 #   --kafka/--postgres  also profile the worked example (Kafka -> Delta MERGE -> PostgreSQL)
@@ -20,8 +20,8 @@ cd "$(dirname "$0")/.."
 kafka="" postgres=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --kafka) kafka="$2"; shift 2 ;;
-    --postgres) postgres="$2"; shift 2 ;;
+    --kafka) kafka="${2:?--kafka needs HOST:PORT}"; shift 2 ;;
+    --postgres) postgres="${2:?--postgres needs a connection string}"; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -29,11 +29,11 @@ if { [ -n "$kafka" ] && [ -z "$postgres" ]; } || { [ -z "$kafka" ] && [ -n "$pos
   echo "--kafka and --postgres go together (the worked example needs both)" >&2; exit 2
 fi
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 1; }
-bin="${WEIR_BIN:-target/release/weir}"
-if [ ! -x "$bin" ]; then
+if [ -z "${WEIR_BIN:-}" ]; then
   cargo build --release --locked -p weir-cli
+  WEIR_BIN="${CARGO_TARGET_DIR:-target}/release/weir"
 fi
-bin="$(realpath "$bin")"
+bin="$(realpath "$WEIR_BIN")"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
