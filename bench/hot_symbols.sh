@@ -44,26 +44,16 @@ profile() {
     "$bin" "$@" >"$work/$name.log" 2>&1 || { cat "$work/$name.log" >&2; exit 1; }
 }
 
-pipeline() { # name input files-per-trigger
-  cat >"$work/$1.toml" <<EOF
-[query]
-name = "hot-$1"
-checkpoint = "$work/$1/checkpoint"
-trigger = "available-now"
+pipeline() { # name input files-per-trigger: the bench's own pipeline (bench/spark_vs_weir.py)
+  python3 - "$work" "$@" <<'EOF'
+import sys
+sys.path.insert(0, "bench")
+from spark_vs_weir import NEWEST_PER_ORDER, PIPELINE
 
-[source]
-type = "files"
-path = "$2"
-format = "json"
-schema = ["order_id bigint", "status string", "amount double", "updated_at timestamp"]
-max-files-per-trigger = $3
-
-[transform]
-sql = "SELECT order_id, status, amount, updated_at FROM (SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn FROM batch) WHERE rn = 1"
-
-[[sink]]
-type = "parquet"
-path = "$work/$1/out"
+work, name, data, per_trigger = sys.argv[1:]
+with open(f"{work}/{name}.toml", "w", encoding="utf-8") as f:
+    f.write(PIPELINE.format(name=name, work=f"{work}/{name}", input=data,
+                            per_trigger=per_trigger, transform=NEWEST_PER_ORDER))
 EOF
 }
 
