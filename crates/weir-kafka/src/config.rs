@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use weir_core::connector::{BuildEnv, DurationText, Feed, SchemaText, SourceSpec, secret};
+use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::{Error, ReadLimit, Result, Source};
 
 use crate::KafkaSource;
@@ -144,6 +145,11 @@ impl SourceSpec for KafkaConfig {
 
     async fn build(&self, _env: &BuildEnv) -> Result<Arc<dyn Source>> {
         Ok(Arc::new(KafkaSource::new(self.options()?)?))
+    }
+
+    fn schema(&self, _env: &BuildEnv) -> Result<Option<SchemaRef>> {
+        // Making the source connects to nothing (its consumer is made at first use).
+        Ok(Some(KafkaSource::new(self.options()?)?.schema()))
     }
 
     fn read_limit(&self) -> Result<ReadLimit> {

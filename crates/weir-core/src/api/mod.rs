@@ -113,6 +113,19 @@ impl WeirSession {
         }
     }
 
+    /// Checks `transforms` over a source whose batches have `schema`, without data (what
+    /// `weir check` does): the stateful steps' columns, and each SQL step planned over an
+    /// empty batch, so a misspelt column or function is named before anything runs. Returns
+    /// the columns the function would get, or `None` when a step (an aggregation, a
+    /// DataFrame function) makes them known only at run time.
+    pub async fn check_transforms(
+        &self,
+        schema: SchemaRef,
+        transforms: &[crate::engine::Transform],
+    ) -> Result<Option<SchemaRef>> {
+        crate::engine::check_transforms(&self.context(None), schema, transforms).await
+    }
+
     fn context(&self, target_partitions: Option<usize>) -> SessionContext {
         let mut config = self.config.clone();
         if let Some(n) = target_partitions {

@@ -202,6 +202,13 @@ pub trait SourceSpec: Send + Sync + Debug {
     /// Builds the source (this may read, e.g. a Parquet schema).
     async fn build(&self, env: &BuildEnv) -> Result<Arc<dyn Source>>;
 
+    /// The schema of the batches the built source will give, when the settings alone fix
+    /// it, without reading anything. `None` when it comes from the data (Parquet files
+    /// without a declared schema): `weir check` then cannot plan the transform.
+    fn schema(&self, _env: &BuildEnv) -> Result<Option<SchemaRef>> {
+        Ok(None)
+    }
+
     /// The folder the source reads, if it reads one.
     fn location(&self, _env: &BuildEnv) -> Option<Location> {
         None

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::datasource::{MemTable, TableProvider, source_as_provider};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{DataFrame, SessionContext};
@@ -69,6 +70,41 @@ pub(crate) async fn sql_over_table(
     let planned = ctx.sql(sql).await;
     ctx.deregister_table(BATCH_VIEW)?;
     planned
+}
+
+/// Checks `transforms` against the source's columns without data, as far as the columns
+/// are known before a batch runs: the start checks of the stateful steps, then every SQL
+/// step planned (logical and physical) over an empty batch of its input's columns, as
+/// `weir check` does. Returns the columns after the last step, or `None` when a step
+/// (an aggregation, a DataFrame function) makes the rest known only at run time; the SQL
+/// steps after it are then not planned.
+pub(crate) async fn check_transforms(
+    ctx: &SessionContext,
+    source: SchemaRef,
+    transforms: &[Transform],
+) -> Result<Option<SchemaRef>> {
+    super::check_at_start(&source, transforms)?;
+    let mut schema = source;
+    for t in transforms {
+        match t {
+            // These pass rows through with the columns they came with.
+            Transform::Watermark { .. }
+            | Transform::DropDuplicates(_)
+            | Transform::DropDuplicatesWithinWatermark(_) => {}
+            Transform::Aggregate(_) | Transform::Fn(_) => return Ok(None),
+            Transform::Sql(sql) => {
+                let failed = |e| Error::datafusion(format!("the SQL transform `{sql}`"), e);
+                let empty = MemTable::try_new(schema.clone(), vec![vec![]]).map_err(failed)?;
+                let df = sql_over_table(ctx, Arc::new(empty), sql)
+                    .await
+                    .map_err(failed)?;
+                let out = df.schema().inner().clone();
+                df.create_physical_plan().await.map_err(failed)?;
+                schema = out;
+            }
+        }
+    }
+    Ok(Some(schema))
 }
 
 /// A stateless step between the source and the function.

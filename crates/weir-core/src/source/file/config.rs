@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::{CleanSource, FileFormat, FileSource, FileSourceOptions};
 use crate::connector::{BuildEnv, DurationText, Feed, SchemaText, SourceSpec};
 use crate::error::{Error, Result};
+use crate::source::decode::output_schema;
 use crate::source::{BadRecordMode, ReadLimit, Source};
 
 /// The file format names of a pipeline file.
@@ -137,6 +138,11 @@ impl SourceSpec for FilesConfig {
 
     fn location(&self, env: &BuildEnv) -> Option<crate::storage::Location> {
         env.location("source.path", &self.path).ok()
+    }
+
+    fn schema(&self, env: &BuildEnv) -> Result<Option<datafusion::arrow::datatypes::SchemaRef>> {
+        let o = self.options(env)?;
+        Ok(o.schema.as_ref().map(|s| output_schema(s, o.mode)))
     }
 
     async fn build(&self, env: &BuildEnv) -> Result<Arc<dyn Source>> {
