@@ -157,11 +157,16 @@ async fn dispatch(command: Command) -> Result<()> {
         }
         Command::Check { pipeline } => {
             let p = pipeline::Pipeline::load(&pipeline)?;
+            let transform = p
+                .check_transform()
+                .await
+                .with_context(|| pipeline.display().to_string())?;
             println!(
-                "{}: ok: {} source, sinks: {}",
+                "{}: ok: {} source, sinks: {}{}",
                 pipeline.display(),
                 p.source.spec().kind(),
-                p.labels()?.join(", ")
+                p.labels()?.join(", "),
+                transform.map(|t| format!("; {t}")).unwrap_or_default()
             );
             Ok(())
         }
@@ -192,6 +197,12 @@ struct RunOptions {
 async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     let grace = opts.grace;
     let pipeline = pipeline::Pipeline::load(path)?;
+    // A misspelt column or function in the SQL stops here, before the checkpoint is
+    // opened or a batch recorded, as `weir check` would.
+    pipeline
+        .check_transform()
+        .await
+        .with_context(|| path.display().to_string())?;
     let mut writer = pipeline.writer().await?;
     if let Some(p) = &opts.progress {
         writer = writer.listener(Arc::new(report::JsonLines::open(p)?));

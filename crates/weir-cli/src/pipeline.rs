@@ -279,6 +279,37 @@ impl Pipeline {
         Ok(())
     }
 
+    /// What `weir check` tells of the transform beyond its settings, when the source's
+    /// settings fix its columns: the stateful steps' columns, and the SQL planned over an
+    /// empty batch, so a misspelt column or function fails here and not at batch 0.
+    pub async fn check_transform(&self) -> Result<Option<String>> {
+        let Some(t) = &self.transform else {
+            return Ok(None);
+        };
+        let Some(schema) = self.source.spec().schema(&self.env()?)? else {
+            return Ok(Some(
+                "transform not planned: the columns come from the files (give source.schema \
+                 to have it planned here)"
+                    .to_string(),
+            ));
+        };
+        let out = self
+            .session()?
+            .check_transforms(schema, &t.steps()?)
+            .await?;
+        Ok(Some(match out {
+            Some(s) => {
+                let columns: Vec<&str> = s.fields().iter().map(|f| f.name().as_str()).collect();
+                format!("transform planned; the sinks get {}", columns.join(", "))
+            }
+            None if t.sql.is_some() => "transform checked against the source's columns; \
+                                        its SQL reads the aggregation's output and is planned \
+                                        at run time"
+                .to_string(),
+            None => "transform checked against the source's columns".to_string(),
+        }))
+    }
+
     /// The trigger (default: available-now, which suits a command that should finish).
     pub fn trigger(&self) -> Result<Trigger> {
         match &self.query.trigger {

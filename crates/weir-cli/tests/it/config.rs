@@ -324,3 +324,106 @@ fn weir_check_refuses_stateful_settings_that_cannot_run() {
         assert!(!out.status.success() && err.contains(want), "{want}: {err}");
     }
 }
+
+/// `weir check` plans the SQL over an empty batch of the source's declared columns, so a
+/// misspelt column, function or table is named before anything runs; it connects to
+/// nothing, and says when it cannot plan (columns from the data, or after an aggregation).
+#[test]
+fn weir_check_plans_the_sql_over_the_source_columns() {
+    let dir = temp_dir();
+    let sink = "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n";
+    let check = |p: &std::path::Path| {
+        let out = run_weir(&bin(), &["check", p.to_str().unwrap()], None);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let newest = "SELECT order_id, status, amount, updated_at FROM (SELECT *, row_number() \
+                  OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn FROM batch) \
+                  WHERE rn = 1";
+    let p = pipeline(
+        dir.path(),
+        &format!("[transform]\nsql = \"{newest}\"\n\n{sink}"),
+    );
+    let (ok, out, err) = check(&p);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("transform planned; the sinks get order_id, status, amount, updated_at"),
+        "{out}"
+    );
+    for (sql, want) in [
+        ("SELECT nosuchfn(order_id) FROM batch", "nosuchfn"),
+        ("SELECT order_idd FROM batch", "order_idd"),
+        (
+            "SELECT * FROM batch JOIN other_orders USING (order_id)",
+            "other_orders",
+        ),
+        ("SELECT order_id + status FROM batch", "the SQL transform"),
+    ] {
+        let p = pipeline(
+            dir.path(),
+            &format!("[transform]\nsql = \"{sql}\"\n\n{sink}"),
+        );
+        let (ok, out, err) = check(&p);
+        assert!(!ok && err.contains(want), "{sql}: {out}{err}");
+        assert!(err.contains(sql), "the error names the SQL: {err}");
+    }
+    // `weir run` refuses it the same way before the checkpoint exists.
+    let p = pipeline(
+        dir.path(),
+        &format!("[transform]\nsql = \"SELECT order_idd FROM batch\"\n\n{sink}"),
+    );
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("order_idd"), "{err}");
+    assert!(!dir.path().join("chk").exists(), "{err}");
+    // The stateful steps' output is known at run time only: checked up to there.
+    let p = pipeline(
+        dir.path(),
+        &format!(
+            "[transform]\nsql = \"SELECT nosuch FROM batch\"\n\n[transform.aggregate]\n\
+             group-by = [\"status\"]\naggregates = [\"count(*)\"]\noutput-mode = \"update\"\n\n{sink}"
+        ),
+    );
+    let (ok, out, err) = check(&p);
+    assert!(ok && out.contains("is planned at run time"), "{out}{err}");
+    // A Kafka source: its columns are fixed by the settings; no broker is asked.
+    let p = dir.path().join("kafka.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[query]\nname = \"k\"\ncheckpoint = \"chk\"\n\n[source]\ntype = \"kafka\"\n\
+             bootstrap-servers = \"127.0.0.1:1\"\nsubscribe = [\"t\"]\nvalue-format = \"json\"\n\
+             schema = [\"order_id bigint\", \"status string\"]\n\n[transform]\n\
+             sql = \"SELECT order_id, upper(status) AS status FROM batch\"\n\n{sink}"
+        ),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (ok, out, err) = check(&p);
+    assert!(
+        ok && out.contains("the sinks get order_id, status"),
+        "{out}{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("upper(status)", "upper(statuss)");
+    std::fs::write(&p, text).unwrap();
+    let (ok, _, err) = check(&p);
+    assert!(!ok && err.contains("statuss"), "{err}");
+    // Parquet without a declared schema: the columns come from the files.
+    let p = dir.path().join("parquet.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[query]\nname = \"p\"\ncheckpoint = \"chk\"\n\n[source]\ntype = \"files\"\n\
+             path = \"in\"\nformat = \"parquet\"\n\n[transform]\nsql = \"SELECT nosuch FROM batch\"\n\n{sink}"
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = check(&p);
+    assert!(ok && out.contains("transform not planned"), "{out}{err}");
+}
