@@ -190,9 +190,11 @@ impl ExecutionPlan for BatchScanExec {
                 partition + 1
             ))
         })?;
+        // The stream's schema is that of the batches it gives: the projected one (sorts
+        // concatenate their input by the stream's schema).
         Ok(Box::pin(MemoryStream::try_new(
             rows,
-            Arc::clone(&self.schema),
+            self.schema(),
             self.projection.clone(),
         )?))
     }
@@ -572,12 +574,20 @@ mod tests {
     }
 
     async fn check_kept(sql: &str) {
+        // One partition holds both batches of a part (operators that concatenate their
+        // input see several batches); two hold one each.
+        for n in [1, 2] {
+            check_kept_in(sql, n).await;
+        }
+    }
+
+    async fn check_kept_in(sql: &str, n: usize) {
         let ctx = ctx();
         let mut plan = SqlPlan::default();
         for (i, b) in batches().into_iter().enumerate() {
             let parts = if b.is_empty() { vec![vec![]] } else { rows(&b) };
             let df = plan
-                .frame(&ctx, sql, schema(), deal(parts.clone(), 2))
+                .frame(&ctx, sql, schema(), deal(parts.clone(), n))
                 .await
                 .unwrap();
             let SqlPlan::Kept { template, .. } = &plan else {
@@ -626,6 +636,14 @@ mod tests {
              ORDER BY a.v, b.s",
             "SELECT k, count(*) AS v, min(s) AS s FROM batch GROUP BY k ORDER BY k NULLS LAST",
             "SELECT k, v, upper(s) AS s FROM batch WHERE v > 4 ORDER BY v",
+            // Scans of fewer columns than the batch has (a projection in the leaf) under
+            // a sort, an ordered window and an ordered aggregate.
+            "SELECT v, s FROM batch ORDER BY v DESC",
+            "SELECT v FROM batch ORDER BY v LIMIT 3",
+            "SELECT s, sum(v) OVER (ORDER BY s ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS v \
+             FROM batch ORDER BY s",
+            "SELECT k, string_agg(s, ',' ORDER BY s) AS s, max(v) AS v FROM batch GROUP BY k \
+             ORDER BY k NULLS FIRST",
         ] {
             check_kept(sql).await;
         }
