@@ -10,14 +10,14 @@ use rdkafka::consumer::BaseConsumer;
 use weir_core::checkpoint::log::{parse_line, parse_versioned, render};
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
-use weir_core::source::SourceInit;
+use weir_core::source::{SourceInit, decode};
 use weir_core::storage::{Location, WriteOutcome};
 use weir_core::{Error, ReadLimit, Result, Source, SourceOffset};
 
 use crate::client::{self, consumer, partitions, watermarks, with_client};
 use crate::error::KafkaSourceError;
 use crate::offsets::{self, check_loss, split_limit, wait_for_more};
-use crate::options::{KafkaOptions, StartingOffsets, Subscribe};
+use crate::options::{KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
 use crate::{PartitionOffsets, read};
 
 /// A Kafka topic (or topics) as a replayable source. See the crate docs.
@@ -62,6 +62,9 @@ impl KafkaSource {
             && t.is_empty()
         {
             return Err(Error::config("subscribe", "no topic given"));
+        }
+        if let ValueFormat::Json { schema, .. } = &opts.value_format {
+            decode::check_corrupt_column(schema).map_err(|r| Error::config("schema", r))?;
         }
         let schema = read::output_schema(&opts.value_format, opts.include_headers);
         Ok(KafkaSource {

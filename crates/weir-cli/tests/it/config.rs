@@ -426,4 +426,13 @@ fn weir_check_plans_the_sql_over_the_source_columns() {
     .unwrap();
     let (ok, out, err) = check(&p);
     assert!(ok && out.contains("transform not planned"), "{out}{err}");
+    // PERMISSIVE's column for bad records, declared as something else than text.
+    let p = pipeline(dir.path(), sink);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "schema = [",
+        "mode = \"PERMISSIVE\"\nschema = [\"_corrupt_record bigint\", ",
+    );
+    std::fs::write(&p, text).unwrap();
+    let (ok, out, err) = check(&p);
+    assert!(!ok && err.contains("declare it as string"), "{out}{err}");
 }

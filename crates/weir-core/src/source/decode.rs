@@ -229,21 +229,40 @@ fn null_row(schema: &SchemaRef) -> Result<RecordBatch, String> {
     json_all(schema, b"{}\n", Some(1))
 }
 
-/// Adds the `_corrupt_record` column in PERMISSIVE mode (`None`: no bad record).
+/// Adds the `_corrupt_record` column in PERMISSIVE mode (`None`: no bad record), where the
+/// schema declares it or else last; in the other modes a declared one is all nulls.
 pub fn with_corrupt(
     batch: RecordBatch,
     schema: &SchemaRef,
     mode: BadRecordMode,
     corrupt: Option<Vec<Option<String>>>,
 ) -> Result<RecordBatch, String> {
-    if mode != BadRecordMode::Permissive {
+    if mode != BadRecordMode::Permissive && schema.index_of(CORRUPT_RECORD).is_err() {
         return Ok(batch);
     }
+    let out = output_schema(schema, mode);
     let n = batch.num_rows();
     let mut cols = batch.columns().to_vec();
-    let corrupt = corrupt.unwrap_or_else(|| vec![None; n]);
-    cols.push(Arc::new(StringArray::from(corrupt)));
-    RecordBatch::try_new(output_schema(schema, mode), cols).map_err(|e| e.to_string())
+    let corrupt = match corrupt {
+        Some(c) if mode == BadRecordMode::Permissive => c,
+        _ => vec![None; n],
+    };
+    // The decoded columns are the schema's without this one, in the schema's order.
+    let at = out.index_of(CORRUPT_RECORD).map_err(|e| e.to_string())?;
+    cols.insert(at, Arc::new(StringArray::from(corrupt)));
+    RecordBatch::try_new(out, cols).map_err(|e| e.to_string())
+}
+
+/// Refuses a declared `_corrupt_record` that is not a string: it holds a bad record's text.
+pub fn check_corrupt_column(schema: &Schema) -> Result<(), String> {
+    match schema.field_with_name(CORRUPT_RECORD) {
+        Ok(f) if f.data_type() != &DataType::Utf8 => Err(format!(
+            "`{CORRUPT_RECORD}` holds the text of a malformed record: declare it as string, \
+             not {}",
+            f.data_type()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Decodes CSV text: all at once, or line by line when that fails. `header` lines are
@@ -392,6 +411,70 @@ mod tests {
         assert!(corrupt.is_null(0));
         let ids = d.batch.column(0).as_primitive::<Int64Type>();
         assert!(ids.is_null(1) && ids.is_null(2) && ids.value(3) == 3);
+    }
+
+    /// `_corrupt_record` declared before other columns gets the bad text, and the other
+    /// columns their own values, on every path (one pass, all at once, record by record,
+    /// CSV); in the other modes a declared one is there and null.
+    #[test]
+    fn a_declared_corrupt_record_column_is_filled_where_it_stands() {
+        let declared = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new(CORRUPT_RECORD, DataType::Utf8, true),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        let rows = |b: &RecordBatch| -> Vec<String> {
+            (0..b.num_rows())
+                .map(|r| {
+                    (0..b.num_columns())
+                        .map(|c| {
+                            let col = b.column(c);
+                            if col.is_null(r) {
+                                "-".to_string()
+                            } else if let Some(s) = col.as_string_opt::<i32>() {
+                                s.value(r).to_string()
+                            } else {
+                                col.as_primitive::<Int64Type>().value(r).to_string()
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join("|")
+                })
+                .collect()
+        };
+        let good: Vec<Option<&[u8]>> = vec![Some(br#"{"id":1,"name":"a"}"#)];
+        let joined = b"{\"id\":1,\"name\":\"a\"}\n";
+        let mixed: Vec<Option<&[u8]>> = vec![Some(br#"{"id":1,"name":"a"}"#), Some(b"nope")];
+        for mode in [
+            BadRecordMode::Permissive,
+            BadRecordMode::FailFast,
+            BadRecordMode::DropMalformed,
+        ] {
+            for d in [
+                json_checked(&declared, &good, joined, mode).unwrap(),
+                json_strict(&declared, &good, joined, mode).unwrap(),
+                json_each(&declared, &good, mode).unwrap(),
+                csv(&declared, b"1,a\n", false, b',', mode).unwrap(),
+            ] {
+                assert_eq!(d.batch.schema(), output_schema(&declared, mode), "{mode:?}");
+                assert_eq!(rows(&d.batch), ["1|-|a"], "{mode:?}");
+            }
+        }
+        let d = json_each(&declared, &mixed, BadRecordMode::Permissive).unwrap();
+        assert_eq!(rows(&d.batch), ["1|-|a", "-|nope|-"]);
+        let d = csv(
+            &declared,
+            b"1,a\n2,b,c,d\n",
+            false,
+            b',',
+            BadRecordMode::Permissive,
+        )
+        .unwrap();
+        assert_eq!(rows(&d.batch), ["1|-|a", "-|2,b,c,d|-"]);
+        assert!(check_corrupt_column(&declared).is_ok());
+        let wrong = Schema::new(vec![Field::new(CORRUPT_RECORD, DataType::Int64, true)]);
+        let err = check_corrupt_column(&wrong).unwrap_err();
+        assert!(err.contains("declare it as string"), "{err}");
     }
 
     #[test]

@@ -43,7 +43,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::{DataFrame, SessionContext};
 use futures::{StreamExt, TryStreamExt};
 
-use super::decode::{BadRecordMode, output_schema};
+use super::decode::{BadRecordMode, check_corrupt_column, output_schema};
 use super::{ReadLimit, Source, SourceInit, SourceOffset};
 use crate::checkpoint::retention::{Purge, log_keep_from, purge};
 use crate::error::{Error, Result};
@@ -195,6 +195,9 @@ impl FileSource {
                 "mode",
                 "PERMISSIVE and DROPMALFORMED apply to JSON and CSV lines, not to Parquet files",
             ));
+        }
+        if opts.format != FileFormat::Parquet {
+            check_corrupt_column(&base).map_err(|r| Error::config("schema", r))?;
         }
         let schema = output_schema(&base, opts.mode);
         Ok(FileSource {
