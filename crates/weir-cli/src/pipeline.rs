@@ -287,11 +287,11 @@ impl Pipeline {
             return Ok(None);
         };
         let Some(schema) = self.source.spec().schema(&self.env()?)? else {
-            return Ok(Some(
-                "transform not planned: the columns come from the files (give source.schema \
-                 to have it planned here)"
-                    .to_string(),
-            ));
+            return Ok(Some(format!(
+                "transform not planned: the {} source's columns come from its data (give \
+                 source.schema to have it planned here)",
+                self.source.spec().kind()
+            )));
         };
         let out = self
             .session()?

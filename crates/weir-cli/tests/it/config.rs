@@ -370,6 +370,27 @@ fn weir_check_plans_the_sql_over_the_source_columns() {
         assert!(!ok && err.contains(want), "{sql}: {out}{err}");
         assert!(err.contains(sql), "the error names the SQL: {err}");
     }
+    // Statements are not transforms.
+    for sql in ["DROP TABLE batch", "CREATE VIEW v AS SELECT * FROM batch"] {
+        let p = pipeline(
+            dir.path(),
+            &format!("[transform]\nsql = \"{sql}\"\n\n{sink}"),
+        );
+        let (ok, out, err) = check(&p);
+        assert!(!ok && err.contains("gives no columns"), "{sql}: {out}{err}");
+    }
+    // A rate source's columns are fixed too.
+    let p = dir.path().join("rate.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[query]\nname = \"r\"\ncheckpoint = \"chk\"\n\n[source]\ntype = \"rate\"\n\
+             rows-per-second = 5\n\n[transform]\nsql = \"SELECT value * 2 AS v FROM batch\"\n\n{sink}"
+        ),
+    )
+    .unwrap();
+    let (ok, out, err) = check(&p);
+    assert!(ok && out.contains("the sinks get v"), "{out}{err}");
     // `weir run` refuses it the same way before the checkpoint exists.
     let p = pipeline(
         dir.path(),

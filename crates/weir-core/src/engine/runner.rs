@@ -99,6 +99,16 @@ pub(crate) async fn check_transforms(
                     .await
                     .map_err(failed)?;
                 let out = df.schema().inner().clone();
+                if out.fields().is_empty() {
+                    // DDL and other statements run at planning and give nothing to write.
+                    return Err(Error::config(
+                        "sql",
+                        format!(
+                            "the SQL transform `{sql}` gives no columns: it must be a query \
+                             (SELECT ...) over `batch`, not a statement"
+                        ),
+                    ));
+                }
                 df.create_physical_plan().await.map_err(failed)?;
                 schema = out;
             }

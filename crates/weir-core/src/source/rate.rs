@@ -202,6 +202,10 @@ impl crate::connector::SourceSpec for RateConfig {
         Ok(Arc::new(RateSource::new(self.rows_per_second)?))
     }
 
+    fn schema(&self, _env: &crate::connector::BuildEnv) -> Result<Option<SchemaRef>> {
+        Ok(Some(RateSource::new(self.rows_per_second)?.schema()))
+    }
+
     fn read_limit(&self) -> Result<ReadLimit> {
         if self.max_offsets_per_trigger == Some(0) {
             return Err(Error::config(
