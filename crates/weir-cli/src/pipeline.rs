@@ -40,7 +40,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
 pub use weir::config::{SinkConfig, SourceConfig};
-use weir_core::connector::{BuildEnv, DurationText, secret};
+use weir_core::connector::{BuildEnv, DurationText, SinkShape, secret};
 use weir_core::engine::Transform;
 use weir_core::storage::StorageOptions;
 use weir_core::{DataStreamWriter, FanOut, ForeachBatch, Trigger, WeirSession};
@@ -279,35 +279,70 @@ impl Pipeline {
         Ok(())
     }
 
-    /// What `weir check` tells of the transform beyond its settings, when the source's
-    /// settings fix its columns: the stateful steps' columns, and the SQL planned over an
-    /// empty batch, so a misspelt column or function fails here and not at batch 0.
+    /// What `weir check` tells of the columns beyond the settings, when the source's
+    /// settings fix them: the stateful steps' columns, the SQL planned over an empty batch
+    /// (a misspelt column or function fails here and not at batch 0), and the key and
+    /// ordering columns of each upsert sink found among the columns the sinks get.
     pub async fn check_transform(&self) -> Result<Option<String>> {
-        let Some(t) = &self.transform else {
-            return Ok(None);
+        let Some(source) = self.source.spec().schema(&self.env()?)? else {
+            return Ok(self.transform.as_ref().map(|_| {
+                format!(
+                    "transform not planned: the {} source's columns come from its data (give \
+                     source.schema to have it planned here)",
+                    self.source.spec().kind()
+                )
+            }));
         };
-        let Some(schema) = self.source.spec().schema(&self.env()?)? else {
-            return Ok(Some(format!(
-                "transform not planned: the {} source's columns come from its data (give \
-                 source.schema to have it planned here)",
-                self.source.spec().kind()
-            )));
+        let (columns, note) = match &self.transform {
+            None => (Some(source), None),
+            Some(t) => match self
+                .session()?
+                .check_transforms(source, &t.steps()?)
+                .await?
+            {
+                Some(s) => {
+                    let names: Vec<&str> = s.fields().iter().map(|f| f.name().as_str()).collect();
+                    let note = format!("transform planned; the sinks get {}", names.join(", "));
+                    (Some(s.clone()), Some(note))
+                }
+                None if t.sql.is_some() => (
+                    None,
+                    Some(
+                        "transform checked against the source's columns; its SQL reads the \
+                         aggregation's output and is planned at run time"
+                            .to_string(),
+                    ),
+                ),
+                None => (
+                    None,
+                    Some("transform checked against the source's columns".to_string()),
+                ),
+            },
         };
-        let out = self
-            .session()?
-            .check_transforms(schema, &t.steps()?)
-            .await?;
-        Ok(Some(match out {
-            Some(s) => {
-                let columns: Vec<&str> = s.fields().iter().map(|f| f.name().as_str()).collect();
-                format!("transform planned; the sinks get {}", columns.join(", "))
+        if let Some(schema) = columns {
+            for (i, sink) in self.sinks.iter().enumerate() {
+                let SinkShape::Upsert { keys, ordering } = sink.spec().shape() else {
+                    continue;
+                };
+                let wanted = keys
+                    .iter()
+                    .map(|k| ("key", k))
+                    .chain([("ordering", &ordering)]);
+                for (what, column) in wanted {
+                    if schema.index_of(column).is_err() {
+                        let names: Vec<&str> =
+                            schema.fields().iter().map(|f| f.name().as_str()).collect();
+                        anyhow::bail!(
+                            "invalid setting: sink[{i}] ({}) has the {what} column `{column}`, \
+                             which the batches it gets do not have (their columns: {})",
+                            sink.spec().kind(),
+                            names.join(", ")
+                        );
+                    }
+                }
             }
-            None if t.sql.is_some() => "transform checked against the source's columns; \
-                                        its SQL reads the aggregation's output and is planned \
-                                        at run time"
-                .to_string(),
-            None => "transform checked against the source's columns".to_string(),
-        }))
+        }
+        Ok(note)
     }
 
     /// The trigger (default: available-now, which suits a command that should finish).

@@ -379,6 +379,35 @@ fn weir_check_plans_the_sql_over_the_source_columns() {
         let (ok, out, err) = check(&p);
         assert!(!ok && err.contains("gives no columns"), "{sql}: {out}{err}");
     }
+    // An upsert sink's key and ordering must be among the columns the sinks get.
+    let merge = "[[sink]]\ntype = \"delta-merge\"\npath = \"d\"\nkeys = [\"order_id\"]\n\
+                 ordering = \"updated_at\"\n";
+    for (sql, want) in [
+        (
+            "SELECT status, updated_at FROM batch",
+            "key column `order_id`",
+        ),
+        (
+            "SELECT order_id, status FROM batch",
+            "ordering column `updated_at`",
+        ),
+    ] {
+        let p = pipeline(
+            dir.path(),
+            &format!("[transform]\nsql = \"{sql}\"\n\n{merge}"),
+        );
+        let (ok, out, err) = check(&p);
+        assert!(
+            !ok && err.contains(want) && err.contains("sink[0]"),
+            "{sql}: {out}{err}"
+        );
+    }
+    let p = pipeline(
+        dir.path(),
+        &format!("[transform]\nsql = \"SELECT order_id, updated_at FROM batch\"\n\n{merge}"),
+    );
+    let (ok, out, err) = check(&p);
+    assert!(ok, "{out}{err}");
     // A rate source's columns are fixed too.
     let p = dir.path().join("rate.toml");
     std::fs::write(
