@@ -476,6 +476,23 @@ fn weir_check_plans_the_sql_over_the_source_columns() {
     .unwrap();
     let (ok, out, err) = check(&p);
     assert!(ok && out.contains("transform not planned"), "{out}{err}");
+    // CSV says whether its first line is a header; JSON takes no CSV settings.
+    let p = pipeline(dir.path(), sink);
+    let json = std::fs::read_to_string(&p).unwrap();
+    for (text, want) in [
+        (json.replace("\"json\"", "\"csv\""), "source.csv-header"),
+        (
+            json.replace("format = \"json\"", "format = \"json\"\ncsv-header = true"),
+            "applies to format = \"csv\"",
+        ),
+    ] {
+        std::fs::write(&p, text).unwrap();
+        let (ok, out, err) = check(&p);
+        assert!(!ok && err.contains(want), "{want}: {out}{err}");
+    }
+    std::fs::write(&p, json.replace("\"json\"", "\"csv\"\ncsv-header = false")).unwrap();
+    let (ok, out, err) = check(&p);
+    assert!(ok, "{out}{err}");
     // PERMISSIVE's column for bad records, declared as something else than text.
     let p = pipeline(dir.path(), sink);
     let text = std::fs::read_to_string(&p).unwrap().replace(

@@ -35,7 +35,7 @@ pub enum CleanName {
 /// [source]
 /// type = "files"
 /// path = "in"                      # a folder, or s3://bucket/prefix, az://..., gs://...
-/// format = "json"                  # csv | parquet
+/// format = "json"                  # csv (with csv-header = true | false) | parquet
 /// schema = ["order_id bigint", "status string", "updated_at timestamp"]
 /// max-files-per-trigger = 20
 /// mode = "PERMISSIVE"              # FAILFAST (default) | DROPMALFORMED
@@ -70,11 +70,29 @@ pub struct FilesConfig {
 
 impl FilesConfig {
     fn format(&self) -> Result<FileFormat> {
+        if self.format != FormatName::Csv {
+            for (key, set) in [
+                ("source.csv-header", self.csv_header.is_some()),
+                ("source.csv-delimiter", self.csv_delimiter.is_some()),
+            ] {
+                if set {
+                    return Err(Error::config(key, "applies to format = \"csv\""));
+                }
+            }
+        }
         Ok(match self.format {
             FormatName::Json => FileFormat::Json,
             FormatName::Parquet => FileFormat::Parquet,
             FormatName::Csv => FileFormat::Csv {
-                has_header: self.csv_header.unwrap_or(true),
+                // No default: a wrong guess either drops each file's first row or reads a
+                // header as a row (Spark assumes no header, many exports have one).
+                has_header: self.csv_header.ok_or_else(|| {
+                    Error::config(
+                        "source.csv-header",
+                        "required with format = \"csv\": true when each file's first line \
+                         names the columns, false when it is a row (Spark's default)",
+                    )
+                })?,
                 delimiter: match self.csv_delimiter {
                     None => b',',
                     Some(c) if c.is_ascii() => c as u8,
