@@ -127,8 +127,15 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
+            // Library errors often repeat their source in their own text (DataFusion's
+            // wrap theirs twice): a cause already said by the line before is left out.
+            let mut said = e.to_string();
             for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                let text = cause.to_string();
+                if !said.contains(&text) {
+                    eprintln!("  caused by: {text}");
+                }
+                said = text;
             }
             ExitCode::FAILURE
         }
