@@ -371,14 +371,34 @@ fn weir_check_plans_the_sql_over_the_source_columns() {
         assert!(err.contains(sql), "the error names the SQL: {err}");
     }
     // Statements are not transforms.
-    for sql in ["DROP TABLE batch", "CREATE VIEW v AS SELECT * FROM batch"] {
+    let leak = dir.path().join("leak.json");
+    let secret = dir.path().join("secret.csv");
+    std::fs::write(&secret, "a,b\n1,2,3\n").unwrap();
+    for sql in [
+        "DROP TABLE batch".to_string(),
+        "CREATE VIEW v AS SELECT * FROM batch".to_string(),
+        "INSERT INTO batch SELECT * FROM batch".to_string(),
+        format!(
+            "COPY (SELECT * FROM batch) TO '{}' STORED AS JSON",
+            leak.display()
+        ),
+        format!(
+            "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '{}'",
+            secret.display()
+        ),
+        "SET datafusion.execution.batch_size = 1".to_string(),
+    ] {
         let p = pipeline(
             dir.path(),
             &format!("[transform]\nsql = \"{sql}\"\n\n{sink}"),
         );
         let (ok, out, err) = check(&p);
-        assert!(!ok && err.contains("gives no columns"), "{sql}: {out}{err}");
+        assert!(
+            !ok && err.contains("must be a query") && !err.contains("unequal lengths"),
+            "{sql}: {out}{err}"
+        );
     }
+    assert!(!leak.exists(), "check ran the COPY");
     // An upsert sink's key and ordering must be among the columns the sinks get.
     let merge = "[[sink]]\ntype = \"delta-merge\"\npath = \"d\"\nkeys = [\"order_id\"]\n\
                  ordering = \"updated_at\"\n";

@@ -28,6 +28,7 @@ use tracing::Instrument;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::datasource::{MemTable, TableProvider, source_as_provider};
+use datafusion::execution::context::SQLOptions;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{DataFrame, SessionContext};
 use futures::FutureExt;
@@ -95,26 +96,52 @@ pub(crate) async fn check_transforms(
             Transform::Sql(sql) => {
                 let failed = |e| Error::datafusion(format!("the SQL transform `{sql}`"), e);
                 let empty = MemTable::try_new(schema.clone(), vec![vec![]]).map_err(failed)?;
-                let df = sql_over_table(ctx, Arc::new(empty), sql)
-                    .await
+                ctx.register_table(BATCH_VIEW, Arc::new(empty))
                     .map_err(failed)?;
-                let out = df.schema().inner().clone();
-                if out.fields().is_empty() {
-                    // DDL and other statements run at planning and give nothing to write.
-                    return Err(Error::config(
-                        "sql",
-                        format!(
-                            "the SQL transform `{sql}` gives no columns: it must be a query \
-                             (SELECT ...) over `batch`, not a statement"
-                        ),
-                    ));
-                }
-                df.create_physical_plan().await.map_err(failed)?;
-                schema = out;
+                let planned = plan_query(ctx, sql).await;
+                ctx.deregister_table(BATCH_VIEW).map_err(failed)?;
+                schema = planned?;
             }
         }
     }
     Ok(Some(schema))
+}
+
+/// Plans `sql` (logical and physical) without running any of it, refusing a statement:
+/// DDL, DML and `COPY` would run when planned (or at every batch) and write nothing a sink
+/// gets. Returns the columns the query gives.
+async fn plan_query(ctx: &SessionContext, sql: &str) -> Result<SchemaRef> {
+    let failed = |e| Error::datafusion(format!("the SQL transform `{sql}`"), e);
+    let plan = ctx.state().create_logical_plan(sql).await.map_err(failed)?;
+    let queries_only = SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false);
+    if let Err(e) = queries_only.verify_plan(&plan) {
+        return Err(Error::config(
+            "sql",
+            format!(
+                "the SQL transform `{sql}` must be a query (SELECT ...) over `batch`, not a \
+                 statement ({})",
+                e.strip_backtrace()
+            ),
+        ));
+    }
+    let out = plan.schema().inner().clone();
+    if out.fields().is_empty() {
+        return Err(Error::config(
+            "sql",
+            format!(
+                "the SQL transform `{sql}` gives no columns: it must be a query (SELECT ...) \
+                 over `batch`"
+            ),
+        ));
+    }
+    DataFrame::new(ctx.state(), plan)
+        .create_physical_plan()
+        .await
+        .map_err(failed)?;
+    Ok(out)
 }
 
 /// A stateless step between the source and the function.
