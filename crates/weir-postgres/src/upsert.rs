@@ -274,11 +274,12 @@ impl PostgresUpsert {
             c.sql_types.push(s);
             c.text.push(is_text(f.data_type()));
         }
-        for k in self.keys.iter().chain(std::iter::once(&self.ordering)) {
+        let wanted = self.keys.iter().map(|k| ("keys", k));
+        for (key, k) in wanted.chain([("ordering", &self.ordering)]) {
             if !c.names.contains(k) {
                 return Err(PostgresSinkError::Config {
                     table: self.table.clone(),
-                    key: "keys",
+                    key,
                     reason: format!(
                         "the batch has no column '{k}' (columns: {})",
                         c.names.join(", ")

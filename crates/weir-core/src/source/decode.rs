@@ -167,7 +167,12 @@ pub(crate) fn json_strict(
             && let Err(reason) = super::validate::check_record(&parse, r)
         {
             if mode == BadRecordMode::FailFast {
-                return Err(Malformed { index, reason });
+                // A record before this one may pass the check and still fail the decoder
+                // (`"two"` for a bigint): the first bad one in order is the one named.
+                return match json_each(schema, &records[..=index], mode) {
+                    Err(first) => Err(first),
+                    Ok(_) => Err(Malformed { index, reason }),
+                };
             }
             sound = false;
             break;
@@ -323,7 +328,8 @@ pub fn csv(
                     malformed += 1;
                     parts.push(null_row(&parse).map_err(|reason| Malformed { index, reason })?);
                     let text = String::from_utf8_lossy(record);
-                    corrupt.push(Some(text.trim_end_matches(['\r', '\n']).to_string()));
+                    // Without its line end (a CRLF file's record may start at the LF).
+                    corrupt.push(Some(text.trim_matches(['\r', '\n']).to_string()));
                 }
             },
         }
@@ -471,10 +477,41 @@ mod tests {
         )
         .unwrap();
         assert_eq!(rows(&d.batch), ["1|-|a", "-|2,b,c,d|-"]);
+        // CRLF line ends stay out of the kept text.
+        let d = csv(
+            &declared,
+            b"1,a\r\n2,b,c,d\r\n3,c,x\r\n",
+            false,
+            b',',
+            BadRecordMode::Permissive,
+        )
+        .unwrap();
+        assert_eq!(rows(&d.batch), ["1|-|a", "-|2,b,c,d|-", "-|3,c,x|-"]);
         assert!(check_corrupt_column(&declared).is_ok());
         let wrong = Schema::new(vec![Field::new(CORRUPT_RECORD, DataType::Int64, true)]);
         let err = check_corrupt_column(&wrong).unwrap_err();
         assert!(err.contains("declare it as string"), "{err}");
+    }
+
+    /// FAILFAST names the first bad record in order, whichever check finds it.
+    #[test]
+    fn failfast_names_the_first_bad_record() {
+        let recs: Vec<Option<&[u8]>> = vec![
+            Some(br#"{"id":1}"#),
+            Some(br#"{"id":"two"}"#),
+            Some(br#"{"id":4.5}"#),
+            Some(b"nope"),
+        ];
+        let joined = b"{\"id\":1}\n{\"id\":\"two\"}\n{\"id\":4.5}\nnope\n";
+        for decoded in [
+            json_checked(&schema(), &recs, joined, BadRecordMode::FailFast),
+            json_strict(&schema(), &recs, joined, BadRecordMode::FailFast),
+            json_each(&schema(), &recs, BadRecordMode::FailFast),
+        ] {
+            let m = decoded.unwrap_err();
+            assert_eq!(m.index, 1, "{}", m.reason);
+            assert!(m.reason.contains("two"), "{}", m.reason);
+        }
     }
 
     #[test]

@@ -95,6 +95,12 @@ impl FilesConfig {
                 })?,
                 delimiter: match self.csv_delimiter {
                     None => b',',
+                    Some(c @ ('"' | '\n' | '\r')) => {
+                        return Err(Error::config(
+                            "source.csv-delimiter",
+                            format!("{c:?} quotes or ends records; it cannot part fields"),
+                        ));
+                    }
                     Some(c) if c.is_ascii() => c as u8,
                     Some(c) => {
                         return Err(Error::config(

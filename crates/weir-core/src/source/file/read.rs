@@ -99,7 +99,11 @@ pub(super) fn decode_file(
             let mut start = 0;
             let ends = memchr::memchr_iter(b'\n', text).chain(std::iter::once(text.len()));
             for (i, end) in ends.enumerate() {
-                let line = &text[start..end];
+                // A CRLF file's lines without their CR (JSON reads it as blank space, but
+                // PERMISSIVE keeps the line's text).
+                let line = text[start..end]
+                    .strip_suffix(b"\r")
+                    .unwrap_or(&text[start..end]);
                 start = end + 1;
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
