@@ -41,7 +41,8 @@ use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
 pub use weir::config::{SinkConfig, SourceConfig};
 use weir_core::connector::{BuildEnv, DurationText, SinkShape, secret};
-use weir_core::engine::Transform;
+use weir_core::datafusion::arrow::datatypes::Schema;
+use weir_core::engine::{Transform, TransformOutput};
 use weir_core::storage::StorageOptions;
 use weir_core::{DataStreamWriter, FanOut, ForeachBatch, Trigger, WeirSession};
 
@@ -293,52 +294,50 @@ impl Pipeline {
                 )
             }));
         };
-        let (columns, note) = match &self.transform {
-            None => (Some(source), None),
+        let (columns, note): (Vec<String>, Option<String>) = match &self.transform {
+            None => (names_of(&source), None),
             Some(t) => match self
                 .session()?
                 .check_transforms(source, &t.steps()?)
                 .await?
             {
-                Some(s) => {
-                    let names: Vec<&str> = s.fields().iter().map(|f| f.name().as_str()).collect();
+                TransformOutput::Schema(s) => {
+                    let names = names_of(&s);
                     let note = format!("transform planned; the sinks get {}", names.join(", "));
-                    (Some(s.clone()), Some(note))
+                    (names, Some(note))
                 }
-                None if t.sql.is_some() => (
-                    None,
-                    Some(
+                TransformOutput::Names(names) => {
+                    let note = format!(
+                        "transform checked against the source's columns; the sinks get {}",
+                        names.join(", ")
+                    );
+                    (names, Some(note))
+                }
+                TransformOutput::Unknown => {
+                    return Ok(Some(
                         "transform checked against the source's columns; its SQL reads the \
                          aggregation's output and is planned at run time"
                             .to_string(),
-                    ),
-                ),
-                None => (
-                    None,
-                    Some("transform checked against the source's columns".to_string()),
-                ),
+                    ));
+                }
             },
         };
-        if let Some(schema) = columns {
-            for (i, sink) in self.sinks.iter().enumerate() {
-                let SinkShape::Upsert { keys, ordering } = sink.spec().shape() else {
-                    continue;
-                };
-                let wanted = keys
-                    .iter()
-                    .map(|k| ("key", k))
-                    .chain([("ordering", &ordering)]);
-                for (what, column) in wanted {
-                    if schema.index_of(column).is_err() {
-                        let names: Vec<&str> =
-                            schema.fields().iter().map(|f| f.name().as_str()).collect();
-                        anyhow::bail!(
-                            "invalid setting: sink[{i}] ({}) has the {what} column `{column}`, \
-                             which the batches it gets do not have (their columns: {})",
-                            sink.spec().kind(),
-                            names.join(", ")
-                        );
-                    }
+        for (i, sink) in self.sinks.iter().enumerate() {
+            let SinkShape::Upsert { keys, ordering } = sink.spec().shape() else {
+                continue;
+            };
+            let wanted = keys
+                .iter()
+                .map(|k| ("key", k))
+                .chain([("ordering", &ordering)]);
+            for (what, column) in wanted {
+                if !columns.contains(column) {
+                    anyhow::bail!(
+                        "invalid setting: sink[{i}] ({}) has the {what} column `{column}`, \
+                         which the batches it gets do not have (their columns: {})",
+                        sink.spec().kind(),
+                        columns.join(", ")
+                    );
                 }
             }
         }
@@ -397,4 +396,9 @@ impl Pipeline {
         }
         Ok(writer)
     }
+}
+
+/// The column names of `schema`, in order.
+fn names_of(schema: &Schema) -> Vec<String> {
+    schema.fields().iter().map(|f| f.name().clone()).collect()
 }

@@ -459,6 +459,32 @@ fn weir_check_plans_the_sql_over_the_source_columns() {
     );
     let (ok, out, err) = check(&p);
     assert!(ok && out.contains("is planned at run time"), "{out}{err}");
+    // Without SQL after it, the aggregation's column names are known: an upsert sink's
+    // keys and ordering are looked up among them.
+    let agg = "[transform.aggregate]\ngroup-by = [\"status\"]\n\
+               aggregates = [\"count(*) AS orders\", \"max(updated_at) AS last\"]\n\
+               output-mode = \"complete\"\n\n";
+    for (keys, ordering, want) in [
+        ("\"status\", \"nope\"", "orders", Some("key column `nope`")),
+        ("\"status\"", "count(*)", Some("ordering column `count(*)`")),
+        ("\"status\"", "orders", None),
+    ] {
+        let p = pipeline(
+            dir.path(),
+            &format!(
+                "{agg}[[sink]]\ntype = \"delta-merge\"\npath = \"d\"\nkeys = [{keys}]\n\
+                 ordering = \"{ordering}\"\n"
+            ),
+        );
+        let (ok, out, err) = check(&p);
+        match want {
+            Some(want) => assert!(!ok && err.contains(want), "{want}: {out}{err}"),
+            None => assert!(
+                ok && out.contains("the sinks get status, orders, last"),
+                "{out}{err}"
+            ),
+        }
+    }
     // A Kafka source: its columns are fixed by the settings; no broker is asked.
     let p = dir.path().join("kafka.toml");
     std::fs::write(

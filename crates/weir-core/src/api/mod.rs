@@ -115,14 +115,13 @@ impl WeirSession {
 
     /// Checks `transforms` over a source whose batches have `schema`, without data (what
     /// `weir check` does): the stateful steps' columns, and each SQL step planned over an
-    /// empty batch, so a misspelt column or function is named before anything runs. Returns
-    /// the columns the function would get, or `None` when a step (an aggregation, a
-    /// DataFrame function) makes them known only at run time.
+    /// empty batch (nothing run; statements refused), so a misspelt column or function is
+    /// named before anything runs. Returns what is known of the columns the function gets.
     pub async fn check_transforms(
         &self,
         schema: SchemaRef,
         transforms: &[crate::engine::Transform],
-    ) -> Result<Option<SchemaRef>> {
+    ) -> Result<crate::engine::TransformOutput> {
         crate::engine::check_transforms(&self.context(None), schema, transforms).await
     }
 

@@ -16,7 +16,7 @@ pub use progress::{
 };
 pub(crate) use query::Shared;
 pub use query::StreamingQuery;
-pub use runner::{BATCH_VIEW, Transform, sql_over_batch};
+pub use runner::{BATCH_VIEW, Transform, TransformOutput, sql_over_batch};
 pub(crate) use runner::{QuerySpec, check_transforms, run};
 pub use stateful::{Aggregation, OutputMode, check_steps};
 pub use trigger::{Trigger, parse_duration};

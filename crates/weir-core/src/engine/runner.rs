@@ -73,26 +73,53 @@ pub(crate) async fn sql_over_table(
     planned
 }
 
+/// What [`check_transforms`] learned of the columns the function gets.
+#[derive(Debug, Clone)]
+pub enum TransformOutput {
+    /// Names and types: every SQL step was planned.
+    Schema(SchemaRef),
+    /// The names only: an aggregation's value types come from the data.
+    Names(Vec<String>),
+    /// Known at run time only: a step (SQL over an aggregation's output, a DataFrame
+    /// function) was not planned.
+    Unknown,
+}
+
 /// Checks `transforms` against the source's columns without data, as far as the columns
 /// are known before a batch runs: the start checks of the stateful steps, then every SQL
-/// step planned (logical and physical) over an empty batch of its input's columns, as
-/// `weir check` does. Returns the columns after the last step, or `None` when a step
-/// (an aggregation, a DataFrame function) makes the rest known only at run time; the SQL
-/// steps after it are then not planned.
+/// step planned (logical and physical, nothing run) over an empty batch of its input's
+/// columns, as `weir check` does.
 pub(crate) async fn check_transforms(
     ctx: &SessionContext,
     source: SchemaRef,
     transforms: &[Transform],
-) -> Result<Option<SchemaRef>> {
+) -> Result<TransformOutput> {
     super::check_at_start(&source, transforms)?;
     let mut schema = source;
-    for t in transforms {
+    for (i, t) in transforms.iter().enumerate() {
         match t {
             // These pass rows through with the columns they came with.
             Transform::Watermark { .. }
             | Transform::DropDuplicates(_)
             | Transform::DropDuplicatesWithinWatermark(_) => {}
-            Transform::Aggregate(_) | Transform::Fn(_) => return Ok(None),
+            Transform::Aggregate(a) => {
+                let names = a.output_names(&schema)?;
+                let rest = &transforms[i + 1..];
+                let keeps_columns = |t: &Transform| {
+                    matches!(
+                        t,
+                        Transform::Watermark { .. }
+                            | Transform::DropDuplicates(_)
+                            | Transform::DropDuplicatesWithinWatermark(_)
+                    )
+                };
+                return Ok(if rest.iter().all(keeps_columns) {
+                    TransformOutput::Names(names)
+                } else {
+                    TransformOutput::Unknown
+                });
+            }
+            Transform::Fn(_) => return Ok(TransformOutput::Unknown),
             Transform::Sql(sql) => {
                 let failed = |e| Error::datafusion(format!("the SQL transform `{sql}`"), e);
                 let empty = MemTable::try_new(schema.clone(), vec![vec![]]).map_err(failed)?;
@@ -104,7 +131,7 @@ pub(crate) async fn check_transforms(
             }
         }
     }
-    Ok(Some(schema))
+    Ok(TransformOutput::Schema(schema))
 }
 
 /// Plans `sql` (logical and physical) without running any of it, refusing a statement:

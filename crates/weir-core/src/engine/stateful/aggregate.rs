@@ -217,6 +217,23 @@ impl Aggregation {
         self.resolve(schema, &self.validate()?).map(|_| ())
     }
 
+    /// The names of the columns the aggregation gives over a batch of `schema`, in order:
+    /// the group-by columns, `window_start` and `window_end` with a window, the aggregates.
+    pub(crate) fn output_names(&self, schema: &Schema) -> Result<Vec<String>> {
+        let exprs = self.validate()?;
+        let cols = self.resolve(schema, &exprs)?;
+        let mut names: Vec<String> = cols
+            .groups
+            .iter()
+            .map(|g| schema.field(*g).name().clone())
+            .collect();
+        if cols.window.is_some() {
+            names.extend(["window_start".to_string(), "window_end".to_string()]);
+        }
+        names.extend(exprs.into_iter().map(|e| e.alias));
+        Ok(names)
+    }
+
     /// Where the aggregation's columns are in `schema`, checked.
     fn resolve(&self, schema: &Schema, exprs: &[AggExpr]) -> Result<Columns> {
         let groups = key_columns_or_none(schema, &self.group_by)?;
