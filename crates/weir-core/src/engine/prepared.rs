@@ -696,6 +696,40 @@ mod tests {
         assert_ne!(seen[0], seen[1]);
     }
 
+    /// SQL over a batch is a query: DDL, DML, COPY and SET are refused before they run.
+    #[tokio::test]
+    async fn statements_over_a_batch_are_refused_before_they_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let leak = dir.path().join("leak.json");
+        let ctx = ctx();
+        for sql in [
+            "CREATE VIEW v AS SELECT * FROM batch".to_string(),
+            "INSERT INTO batch SELECT * FROM batch".to_string(),
+            format!(
+                "COPY (SELECT * FROM batch) TO '{}' STORED AS JSON",
+                leak.display()
+            ),
+            "SET datafusion.execution.batch_size = 1".to_string(),
+        ] {
+            let table =
+                datafusion::datasource::MemTable::try_new(schema(), rows(&batches()[0])).unwrap();
+            let err = crate::engine::runner::sql_over_table(&ctx, Arc::new(table), &sql)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{sql} was planned"));
+            assert!(err.to_string().contains("not supported"), "{sql}: {err}");
+            let mut plan = SqlPlan::default();
+            assert!(
+                plan.frame(&ctx, &sql, schema(), deal(rows(&batches()[0]), 2))
+                    .await
+                    .is_err(),
+                "{sql}"
+            );
+        }
+        assert!(ctx.table("v").await.is_err(), "the view was made");
+        assert!(!leak.exists(), "the COPY ran");
+    }
+
     #[tokio::test]
     async fn another_schema_is_planned_again() {
         let ctx = ctx();

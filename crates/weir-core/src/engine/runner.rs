@@ -68,9 +68,19 @@ pub(crate) async fn sql_over_table(
     sql: &str,
 ) -> datafusion::error::Result<DataFrame> {
     ctx.register_table(BATCH_VIEW, table)?;
-    let planned = ctx.sql(sql).await;
+    let planned = ctx.sql_with_options(sql, queries_only()).await;
     ctx.deregister_table(BATCH_VIEW)?;
     planned
+}
+
+/// SQL over a batch must be a query: DDL (`CREATE VIEW`), DML (`INSERT`, `COPY .. TO`) and
+/// statements (`SET`) would run when planned or at every batch, outside any sink and its
+/// exactly-once, and give nothing to write.
+fn queries_only() -> SQLOptions {
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
 }
 
 /// What [`check_transforms`] learned of the columns the function gets.
@@ -140,13 +150,9 @@ pub(crate) async fn check_transforms(
 async fn plan_query(ctx: &SessionContext, sql: &str) -> Result<SchemaRef> {
     let failed = |e| Error::datafusion(format!("the SQL transform `{sql}`"), e);
     let plan = ctx.state().create_logical_plan(sql).await.map_err(failed)?;
-    let queries_only = SQLOptions::new()
-        .with_allow_ddl(false)
-        .with_allow_dml(false)
-        .with_allow_statements(false);
-    if let Err(e) = queries_only.verify_plan(&plan) {
+    if let Err(e) = queries_only().verify_plan(&plan) {
         return Err(Error::config(
-            "sql",
+            "transform.sql",
             format!(
                 "the SQL transform `{sql}` must be a query (SELECT ...) over `batch`, not a \
                  statement ({})",
@@ -157,7 +163,7 @@ async fn plan_query(ctx: &SessionContext, sql: &str) -> Result<SchemaRef> {
     let out = plan.schema().inner().clone();
     if out.fields().is_empty() {
         return Err(Error::config(
-            "sql",
+            "transform.sql",
             format!(
                 "the SQL transform `{sql}` gives no columns: it must be a query (SELECT ...) \
                  over `batch`"
