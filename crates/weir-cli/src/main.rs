@@ -127,12 +127,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            // Library errors often repeat their source in their own text (DataFusion's
-            // wrap theirs twice): a cause already said by the line before is left out.
+            // Library errors often end their own text with their source's (DataFusion's
+            // wrap theirs twice): a cause the line before ended with is left out.
             let mut said = e.to_string();
             for cause in e.chain().skip(1) {
                 let text = cause.to_string();
-                if !said.contains(&text) {
+                if !said.ends_with(&text) {
                     eprintln!("  caused by: {text}");
                 }
                 said = text;

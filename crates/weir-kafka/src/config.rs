@@ -116,6 +116,8 @@ impl KafkaConfig {
                 let schema = self.schema.as_ref().ok_or_else(|| {
                     Error::config("source.schema", "required with value-format = \"json\"")
                 })?;
+                weir_core::source::decode::check_corrupt_column(&schema.schema())
+                    .map_err(|r| Error::config("source.schema", r))?;
                 if self.include_headers {
                     return Err(Error::config(
                         "source.include-headers",

@@ -350,7 +350,15 @@ fn csv_records(text: &[u8], delimiter: u8) -> Vec<(u64, &[u8])> {
     loop {
         let pos = rdr.position().clone();
         match rdr.read_byte_record(&mut rec) {
-            Ok(true) => starts.push((pos.line(), pos.byte() as usize)),
+            Ok(true) => {
+                let (mut line, mut at) = (pos.line(), pos.byte() as usize);
+                // After a CRLF record the reader stands on the LF, still on the line before.
+                if at > 0 && text.get(at - 1) == Some(&b'\r') && text.get(at) == Some(&b'\n') {
+                    line += 1;
+                    at += 1;
+                }
+                starts.push((line, at));
+            }
             Ok(false) | Err(_) => break,
         }
     }
@@ -487,6 +495,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(rows(&d.batch), ["1|-|a", "-|2,b,c,d|-", "-|3,c,x|-"]);
+        // FAILFAST names the line of a CRLF file's bad record (index counts from 0).
+        let m = csv(
+            &declared,
+            b"1,a\r\n2,b\r\n3,c,x,y\r\n",
+            false,
+            b',',
+            BadRecordMode::FailFast,
+        )
+        .unwrap_err();
+        assert_eq!(m.index, 2, "{}", m.reason);
         assert!(check_corrupt_column(&declared).is_ok());
         let wrong = Schema::new(vec![Field::new(CORRUPT_RECORD, DataType::Int64, true)]);
         let err = check_corrupt_column(&wrong).unwrap_err();

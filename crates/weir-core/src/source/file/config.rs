@@ -132,6 +132,12 @@ impl FilesConfig {
         o.latest_first = self.latest_first;
         o.max_file_age = self.max_file_age.map(|d| d.0);
         o.mode = self.mode.unwrap_or_default();
+        if self.format == FormatName::Parquet && o.mode != BadRecordMode::FailFast {
+            return Err(Error::config(
+                "source.mode",
+                "PERMISSIVE and DROPMALFORMED apply to JSON and CSV lines, not to Parquet files",
+            ));
+        }
         o.clean_source = match (self.clean_source, &self.source_archive_dir) {
             (None | Some(CleanName::Off), None) => CleanSource::Off,
             (Some(CleanName::Delete), None) => CleanSource::Delete,
@@ -196,6 +202,8 @@ impl SourceSpec for FilesConfig {
             Feed::Files { dir } => {
                 self.path = dir.url_string();
                 self.format = FormatName::Json;
+                self.csv_header = None;
+                self.csv_delimiter = None;
                 self.max_files_per_trigger = Some(1);
                 Ok(())
             }
@@ -204,5 +212,42 @@ impl SourceSpec for FilesConfig {
                 "a files source cannot read a Kafka feed",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn csv_config() -> FilesConfig {
+        serde_json::from_str(
+            r#"{"path": "in", "format": "csv", "csv-header": true, "csv-delimiter": ";",
+                "schema": ["id bigint"]}"#,
+        )
+        .unwrap()
+    }
+
+    /// A CSV source pointed at chaos's JSON feed keeps no CSV settings (they would be
+    /// refused on JSON).
+    #[test]
+    fn a_relocated_csv_source_reads_json_without_csv_settings() {
+        let env = BuildEnv::default();
+        let mut c = csv_config();
+        assert!(c.options(&env).is_ok());
+        let dir = crate::storage::Location::local(std::path::Path::new("/tmp/feed"));
+        c.relocate(&Feed::Files { dir }, 10).unwrap();
+        assert!(c.options(&env).is_ok(), "{:?}", c.options(&env).err());
+        assert_eq!(c.format, FormatName::Json);
+    }
+
+    /// Parquet with a bad-record mode is refused where `weir check` sees it.
+    #[test]
+    fn parquet_takes_no_bad_record_mode() {
+        let c: FilesConfig = serde_json::from_str(
+            r#"{"path": "in", "format": "parquet", "mode": "PERMISSIVE", "schema": ["id bigint"]}"#,
+        )
+        .unwrap();
+        let err = c.options(&BuildEnv::default()).err().unwrap().to_string();
+        assert!(err.contains("source.mode"), "{err}");
     }
 }
