@@ -27,6 +27,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::plan_err;
 use datafusion::datasource::{MemTable, TableProvider, source_as_provider};
 use datafusion::execution::context::SQLOptions;
 use datafusion::logical_expr::LogicalPlan;
@@ -68,19 +69,27 @@ pub(crate) async fn sql_over_table(
     sql: &str,
 ) -> datafusion::error::Result<DataFrame> {
     ctx.register_table(BATCH_VIEW, table)?;
-    let planned = ctx.sql_with_options(sql, queries_only()).await;
+    let planned = plan_query(ctx, sql).await;
     ctx.deregister_table(BATCH_VIEW)?;
     planned
 }
 
-/// SQL over a batch must be a query: DDL (`CREATE VIEW`), DML (`INSERT`, `COPY .. TO`) and
-/// statements (`SET`) would run when planned or at every batch, outside any sink and its
-/// exactly-once, and give nothing to write.
-fn queries_only() -> SQLOptions {
-    SQLOptions::new()
+/// Plans `sql` without running any of it. It must be a query: DDL (`CREATE VIEW`), DML
+/// (`INSERT`, `COPY .. TO`) and statements (`SET`) would run when planned or at every
+/// batch, outside any sink and its exactly-once, and give nothing to write.
+async fn plan_query(ctx: &SessionContext, sql: &str) -> datafusion::error::Result<DataFrame> {
+    let plan = ctx.state().create_logical_plan(sql).await?;
+    let queries_only = SQLOptions::new()
         .with_allow_ddl(false)
         .with_allow_dml(false)
-        .with_allow_statements(false)
+        .with_allow_statements(false);
+    if let Err(e) = queries_only.verify_plan(&plan) {
+        return plan_err!(
+            "it must be a query (SELECT ...) over `batch`, not a statement ({})",
+            e.strip_backtrace()
+        );
+    }
+    ctx.execute_logical_plan(plan).await
 }
 
 /// What [`check_transforms`] learned of the columns the function gets.
@@ -108,73 +117,31 @@ pub(crate) async fn check_transforms(
     let mut schema = source;
     for (i, t) in transforms.iter().enumerate() {
         match t {
-            // These pass rows through with the columns they came with.
-            Transform::Watermark { .. }
-            | Transform::DropDuplicates(_)
-            | Transform::DropDuplicatesWithinWatermark(_) => {}
+            t if t.keeps_columns() => {}
             Transform::Aggregate(a) => {
                 let names = a.output_names(&schema)?;
-                let rest = &transforms[i + 1..];
-                let keeps_columns = |t: &Transform| {
-                    matches!(
-                        t,
-                        Transform::Watermark { .. }
-                            | Transform::DropDuplicates(_)
-                            | Transform::DropDuplicatesWithinWatermark(_)
-                    )
-                };
-                return Ok(if rest.iter().all(keeps_columns) {
-                    TransformOutput::Names(names)
-                } else {
-                    TransformOutput::Unknown
-                });
+                return Ok(
+                    if transforms[i + 1..].iter().all(Transform::keeps_columns) {
+                        TransformOutput::Names(names)
+                    } else {
+                        TransformOutput::Unknown
+                    },
+                );
             }
-            Transform::Fn(_) => return Ok(TransformOutput::Unknown),
             Transform::Sql(sql) => {
                 let failed = |e| Error::datafusion(format!("the SQL transform `{sql}`"), e);
                 let empty = MemTable::try_new(schema.clone(), vec![vec![]]).map_err(failed)?;
-                ctx.register_table(BATCH_VIEW, Arc::new(empty))
+                let df = sql_over_table(ctx, Arc::new(empty), sql)
+                    .await
                     .map_err(failed)?;
-                let planned = plan_query(ctx, sql).await;
-                ctx.deregister_table(BATCH_VIEW).map_err(failed)?;
-                schema = planned?;
+                schema = df.schema().inner().clone();
+                df.create_physical_plan().await.map_err(failed)?;
             }
+            // A DataFrame function: its columns are known when it runs.
+            _ => return Ok(TransformOutput::Unknown),
         }
     }
     Ok(TransformOutput::Schema(schema))
-}
-
-/// Plans `sql` (logical and physical) without running any of it, refusing a statement:
-/// DDL, DML and `COPY` would run when planned (or at every batch) and write nothing a sink
-/// gets. Returns the columns the query gives.
-async fn plan_query(ctx: &SessionContext, sql: &str) -> Result<SchemaRef> {
-    let failed = |e| Error::datafusion(format!("the SQL transform `{sql}`"), e);
-    let plan = ctx.state().create_logical_plan(sql).await.map_err(failed)?;
-    if let Err(e) = queries_only().verify_plan(&plan) {
-        return Err(Error::config(
-            "transform.sql",
-            format!(
-                "the SQL transform `{sql}` must be a query (SELECT ...) over `batch`, not a \
-                 statement ({})",
-                e.strip_backtrace()
-            ),
-        ));
-    }
-    let out = plan.schema().inner().clone();
-    if out.fields().is_empty() {
-        return Err(Error::config(
-            "transform.sql",
-            format!(
-                "the SQL transform `{sql}` gives no columns: it must be a query (SELECT ...) \
-                 over `batch`"
-            ),
-        ));
-    }
-    DataFrame::new(ctx.state(), plan)
-        .create_physical_plan()
-        .await
-        .map_err(failed)?;
-    Ok(out)
 }
 
 /// A stateless step between the source and the function.
@@ -194,6 +161,19 @@ pub enum Transform {
     DropDuplicatesWithinWatermark(Vec<String>),
     /// A streaming aggregation (see [`Aggregation`]).
     Aggregate(Aggregation),
+}
+
+impl Transform {
+    /// Whether the step passes rows on with the columns they came with (watermark,
+    /// deduplication).
+    pub(crate) fn keeps_columns(&self) -> bool {
+        matches!(
+            self,
+            Transform::Watermark { .. }
+                | Transform::DropDuplicates(_)
+                | Transform::DropDuplicatesWithinWatermark(_)
+        )
+    }
 }
 
 /// Everything the runner needs; built by `DataStreamWriter::start`.
