@@ -328,8 +328,7 @@ pub fn csv(
                     malformed += 1;
                     parts.push(null_row(&parse).map_err(|reason| Malformed { index, reason })?);
                     let text = String::from_utf8_lossy(record);
-                    // Without its line end (a CRLF file's record may start at the LF).
-                    corrupt.push(Some(text.trim_matches(['\r', '\n']).to_string()));
+                    corrupt.push(Some(text.trim_end_matches(['\r', '\n']).to_string()));
                 }
             },
         }

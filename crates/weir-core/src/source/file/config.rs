@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::{CleanSource, FileFormat, FileSource, FileSourceOptions};
 use crate::connector::{BuildEnv, DurationText, Feed, SchemaText, SourceSpec};
 use crate::error::{Error, Result};
-use crate::source::decode::{check_corrupt_column, output_schema};
+use crate::source::decode::output_schema;
 use crate::source::{BadRecordMode, ReadLimit, Source};
 
 /// The file format names of a pipeline file.
@@ -124,20 +124,10 @@ impl FilesConfig {
         let mut o =
             FileSourceOptions::new(env.location("source.path", &self.path)?, self.format()?);
         o.schema = self.schema.as_ref().map(SchemaText::schema);
-        if let Some(s) = &o.schema
-            && self.format != FormatName::Parquet
-        {
-            check_corrupt_column(s).map_err(|r| Error::config("source.schema", r))?;
-        }
         o.latest_first = self.latest_first;
         o.max_file_age = self.max_file_age.map(|d| d.0);
         o.mode = self.mode.unwrap_or_default();
-        if self.format == FormatName::Parquet && o.mode != BadRecordMode::FailFast {
-            return Err(Error::config(
-                "source.mode",
-                "PERMISSIVE and DROPMALFORMED apply to JSON and CSV lines, not to Parquet files",
-            ));
-        }
+        o.check_modes("source.")?;
         o.clean_source = match (self.clean_source, &self.source_archive_dir) {
             (None | Some(CleanName::Off), None) => CleanSource::Off,
             (Some(CleanName::Delete), None) => CleanSource::Delete,

@@ -116,6 +116,23 @@ impl FileSourceOptions {
             clean_source: CleanSource::Off,
         }
     }
+
+    /// The checks that need no file: a bad-record mode only for lines (JSON, CSV), and a
+    /// declared `_corrupt_record` a string. `prefix` goes before the setting's name
+    /// (`source.` in a pipeline file).
+    pub(crate) fn check_modes(&self, prefix: &str) -> Result<()> {
+        if self.format == FileFormat::Parquet {
+            if self.mode != BadRecordMode::FailFast {
+                return Err(Error::config(
+                    format!("{prefix}mode"),
+                    "PERMISSIVE and DROPMALFORMED apply to JSON and CSV lines, not to Parquet files",
+                ));
+            }
+        } else if let Some(s) = &self.schema {
+            check_corrupt_column(s).map_err(|r| Error::config(format!("{prefix}schema"), r))?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -190,15 +207,7 @@ impl FileSource {
                 ));
             }
         };
-        if opts.mode != BadRecordMode::FailFast && opts.format == FileFormat::Parquet {
-            return Err(Error::config(
-                "mode",
-                "PERMISSIVE and DROPMALFORMED apply to JSON and CSV lines, not to Parquet files",
-            ));
-        }
-        if opts.format != FileFormat::Parquet {
-            check_corrupt_column(&base).map_err(|r| Error::config("schema", r))?;
-        }
+        opts.check_modes("")?;
         let schema = output_schema(&base, opts.mode);
         Ok(FileSource {
             opts: FileSourceOptions {
