@@ -29,7 +29,6 @@ fn main() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    let var = |k: &str| env::var(k).unwrap_or_default();
     if var("TARGET") != "x86_64-unknown-linux-gnu"
         || var("HOST") != var("TARGET")
         || var("PROFILE") != "release"
@@ -60,10 +59,14 @@ fn main() {
     }
 }
 
+/// A build variable, empty when unset.
+fn var(k: &str) -> String {
+    env::var(k).unwrap_or_default()
+}
+
 /// Whether an empty program links with `args` passed to the linker driver, through the
 /// rustc, flags and linker this build uses.
 fn links_with(args: &[String]) -> bool {
-    let var = |k: &str| env::var(k).unwrap_or_default();
     let out = Path::new(&var("OUT_DIR")).to_path_buf();
     let src = out.join("probe.rs");
     if std::fs::write(&src, "fn main() {}\n").is_err() {
