@@ -3,13 +3,11 @@
 //! Every variant carries the context a person needs to act on it: the batch id, the file,
 //! the sink or the setting at fault. Errors from other crates (DataFusion, object stores, a
 //! sink's own error type, the user's function) are kept as the `source()` of the variant that
-//! wraps them, so a caller can walk the chain or downcast; [`crate::sink::error_chain`]
+//! wraps them, so a caller can walk the chain or downcast; [`error_chain`]
 //! prints the whole chain on one line. The engine never logs an error and carries on.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-
-use crate::checkpoint::RecoveryError;
 
 /// An error that a user's function (or a sink) returns to the engine.
 ///
@@ -253,5 +251,91 @@ fn at_line(line: u64) -> String {
         String::new()
     } else {
         format!(" at line {line}")
+    }
+}
+
+/// `err: cause: cause`, for messages that must carry the whole chain in one line.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(c) = cur {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = c.source();
+    }
+    out
+}
+
+/// Why a spawned task ended without a result: cancelled, or the message of its panic.
+pub fn join_text(join: tokio::task::JoinError) -> String {
+    if join.is_cancelled() {
+        return "the query task was cancelled".into();
+    }
+    panic_text(join.into_panic().as_ref())
+}
+
+/// The message a panic carried (`panic!("...")`), for errors that report one.
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+/// Why the logs cannot be trusted. The caller wraps it in an error naming the folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecoveryError {
+    /// `offsets/{missing}` is absent between retained entries.
+    OffsetGap { missing: u64 },
+    /// `commits/{commit}` exists but `offsets/{commit}` does not.
+    CommitWithoutOffsets { commit: u64 },
+    /// More than one batch is written to the offset log but not committed.
+    CommitLogBehind {
+        latest_offset: u64,
+        latest_commit: Option<u64>,
+    },
+    /// `offsets/{batch}` must run again but `offsets/{batch - 1}`, where it starts, is gone.
+    ReplayStartMissing { batch: u64 },
+}
+
+impl std::error::Error for RecoveryError {}
+
+impl std::fmt::Display for RecoveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecoveryError::OffsetGap { missing } => {
+                write!(
+                    f,
+                    "offsets/{missing} is missing between older and newer entries"
+                )
+            }
+            RecoveryError::CommitWithoutOffsets { commit } => write!(
+                f,
+                "commits/{commit} exists but offsets/{commit} does not; the offset log was \
+                 truncated or belongs to another query"
+            ),
+            RecoveryError::ReplayStartMissing { batch } => write!(
+                f,
+                "offsets/{batch} must be run again but offsets/{}, where it starts, is missing",
+                batch.saturating_sub(1)
+            ),
+            RecoveryError::CommitLogBehind {
+                latest_offset,
+                latest_commit,
+            } => {
+                let commit =
+                    latest_commit.map_or("no commit".to_string(), |c| format!("commits/{c}"));
+                write!(
+                    f,
+                    "offsets/{latest_offset} is the newest offset entry but the newest commit is \
+                     {commit}: more than one batch is uncommitted, which a single query never \
+                     leaves behind; the commit log was truncated or edited"
+                )
+            }
+        }
     }
 }

@@ -19,6 +19,7 @@ pub mod connector;
 pub mod engine;
 pub mod error;
 pub mod fault;
+pub mod logfile;
 pub mod sink;
 pub mod source;
 pub mod state;

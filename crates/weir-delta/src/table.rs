@@ -9,6 +9,7 @@ use deltalake::{DeltaTable, DeltaTableBuilder};
 use futures::TryStreamExt;
 use tokio::sync::Mutex;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
+use weir_core::sink::recorded::{Recorded, decide};
 use weir_core::storage::Location;
 use weir_core::{BatchContext, SinkMetric};
 
@@ -236,7 +237,7 @@ pub(crate) fn needs_reload(loaded_at: u64, now: Option<u64>) -> bool {
 
 /// The table, when batch `batch_id` still has to be written to it (`None`: skipped, the
 /// table went back to the cache), and the app id.
-pub(crate) struct Prepared {
+pub(crate) struct WriteDecision {
     pub table: Option<DeltaTable>,
     pub app_id: String,
 }
@@ -245,12 +246,15 @@ pub(crate) struct Prepared {
 /// id: a pure decision. `Err` when the recorded version cannot come from this query: beyond
 /// the batch, or equal to it on a first attempt (this query never ran the batch before).
 pub fn decide_write(recorded: Option<i64>, batch_id: u64, is_replay: bool) -> Result<bool, i64> {
-    let id = batch_id as i64;
-    match recorded {
-        None => Ok(true),
-        Some(v) if v < id => Ok(true),
-        Some(v) if v == id && is_replay => Ok(false),
-        Some(v) => Err(v),
+    // A negative version is below every batch.
+    match decide(
+        recorded.and_then(|v| u64::try_from(v).ok()),
+        batch_id,
+        is_replay,
+    ) {
+        Recorded::Write => Ok(true),
+        Recorded::Skip => Ok(false),
+        Recorded::NotOurs(v) => Err(v as i64),
     }
 }
 
@@ -262,7 +266,7 @@ pub(crate) async fn prepare(
     explicit_app_id: Option<&str>,
     allow_app_id_reuse: bool,
     ctx: &BatchContext,
-) -> Result<Prepared, DeltaSinkError> {
+) -> Result<WriteDecision, DeltaSinkError> {
     let batch_id = ctx.batch_id;
     let table = cached.take(at, batch_id).await?;
     let app_id = explicit_app_id.map_or_else(|| ctx.app_id(), str::to_string);
@@ -301,12 +305,12 @@ pub(crate) async fn prepare(
         );
         ctx.metrics.add_skipped(sink);
         cached.put(table).await;
-        return Ok(Prepared {
+        return Ok(WriteDecision {
             table: None,
             app_id,
         });
     }
-    Ok(Prepared {
+    Ok(WriteDecision {
         table: Some(table),
         app_id,
     })

@@ -3,6 +3,7 @@
 use futures::future::BoxFuture;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Transaction};
+use weir_core::sink::recorded::{Recorded, decide};
 use weir_core::{BatchContext, BoxError};
 
 use crate::error::PostgresSinkError;
@@ -77,6 +78,19 @@ pub(crate) enum Claim {
     Landed,
     /// A later batch is recorded for the app id: not this query's (nothing claimed).
     Later(u64),
+}
+
+impl Claim {
+    /// What the sink does with batch `batch_id` after this answer (not `New`): skip a
+    /// replay of a batch that landed, refuse a record that cannot be this query's.
+    pub(crate) fn decide(self, batch_id: u64, is_replay: bool) -> Recorded {
+        let recorded = match self {
+            Claim::New => return Recorded::Write,
+            Claim::Landed => batch_id,
+            Claim::Later(n) => n,
+        };
+        decide(Some(recorded), batch_id, is_replay)
+    }
 }
 
 /// Claims (app id, batch id) in the ledger inside `tx`, and deletes the rows of the app id's
@@ -166,9 +180,8 @@ impl PostgresLedger {
             .await
             .map_err(|e| db("claiming the batch", e))?;
         if claimed != Claim::New {
-            let recorded = match claimed {
-                Claim::Later(n) => n,
-                _ if !ctx.is_replay => id,
+            let recorded = match claimed.decide(id, ctx.is_replay) {
+                Recorded::NotOurs(n) => n,
                 _ => {
                     tx.commit().await.map_err(|e| db("COMMIT", e))?;
                     ctx.metrics

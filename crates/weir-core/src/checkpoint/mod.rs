@@ -16,9 +16,10 @@
 //! another query wrote it. Only this module builds paths inside the checkpoint.
 
 mod lock;
-pub mod log;
+/// The log-line format, at the bottom of the crate (kept here under its old name).
+pub use crate::logfile as log;
 pub mod recovery;
-pub mod retention;
+pub use crate::logfile::retention;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::source::SourceOffset;
-use crate::storage::{Location, PreparedNew, WriteOutcome, is_hidden};
+use crate::storage::{Location, StagedWrite, WriteOutcome, is_hidden};
 pub use lock::{CheckpointGuard, LeaseSettings};
 pub use recovery::{Recovery, RecoveryError, decide};
 
@@ -460,7 +461,7 @@ impl Checkpoint {
         &self,
         batch_id: u64,
         commit: &CommitMetadata,
-    ) -> Result<PreparedNew> {
+    ) -> Result<StagedWrite> {
         self.ensure_held()?;
         self.commits_dir()
             .prepare_new(&batch_id.to_string(), commit.to_bytes()?)
@@ -468,7 +469,7 @@ impl Checkpoint {
     }
 
     /// Puts a [`Checkpoint::prepare_commit`] in place: batch N is committed when it returns.
-    pub async fn finish_commit(&self, batch_id: u64, prepared: PreparedNew) -> Result<()> {
+    pub async fn finish_commit(&self, batch_id: u64, prepared: StagedWrite) -> Result<()> {
         self.ensure_held()?;
         let outcome = prepared.finish().await?;
         self.written_once(&self.commits_dir(), batch_id, outcome)

@@ -16,59 +16,8 @@ pub enum Recovery {
     Next(u64),
 }
 
-/// Why the logs cannot be trusted. The caller wraps it in an error naming the folder.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RecoveryError {
-    /// `offsets/{missing}` is absent between retained entries.
-    OffsetGap { missing: u64 },
-    /// `commits/{commit}` exists but `offsets/{commit}` does not.
-    CommitWithoutOffsets { commit: u64 },
-    /// More than one batch is written to the offset log but not committed.
-    CommitLogBehind {
-        latest_offset: u64,
-        latest_commit: Option<u64>,
-    },
-    /// `offsets/{batch}` must run again but `offsets/{batch - 1}`, where it starts, is gone.
-    ReplayStartMissing { batch: u64 },
-}
-
-impl std::error::Error for RecoveryError {}
-
-impl std::fmt::Display for RecoveryError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RecoveryError::OffsetGap { missing } => {
-                write!(
-                    f,
-                    "offsets/{missing} is missing between older and newer entries"
-                )
-            }
-            RecoveryError::CommitWithoutOffsets { commit } => write!(
-                f,
-                "commits/{commit} exists but offsets/{commit} does not; the offset log was \
-                 truncated or belongs to another query"
-            ),
-            RecoveryError::ReplayStartMissing { batch } => write!(
-                f,
-                "offsets/{batch} must be run again but offsets/{}, where it starts, is missing",
-                batch.saturating_sub(1)
-            ),
-            RecoveryError::CommitLogBehind {
-                latest_offset,
-                latest_commit,
-            } => {
-                let commit =
-                    latest_commit.map_or("no commit".to_string(), |c| format!("commits/{c}"));
-                write!(
-                    f,
-                    "offsets/{latest_offset} is the newest offset entry but the newest commit is \
-                     {commit}: more than one batch is uncommitted, which a single query never \
-                     leaves behind; the commit log was truncated or edited"
-                )
-            }
-        }
-    }
-}
+/// Why the logs cannot be trusted (an error type, so it lives with the crate's errors).
+pub use crate::error::RecoveryError;
 
 /// Decides what to run first. `offsets` and `commits` are the ids present in each log,
 /// in any order.

@@ -23,9 +23,9 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::sink::ForeachBatch;
+pub use crate::sink::QueryIdentity;
 use crate::source::{ReadLimit, Source};
 use crate::storage::{Location, StorageOptions};
 pub use text::{DurationText, SchemaText, parse_schema};
@@ -54,33 +54,6 @@ pub fn secret(key: &str, value: &str) -> Result<String> {
         Some(var) => std::env::var(var)
             .map_err(|_| Error::config(key, format!("environment variable {var} is not set"))),
         None => Ok(value.to_string()),
-    }
-}
-
-/// Which query a sink works for: what its default app id is derived from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueryIdentity {
-    /// The checkpoint's query id.
-    pub query_id: uuid::Uuid,
-    /// The query's name when its checkpoint was created.
-    pub app_name: String,
-}
-
-impl QueryIdentity {
-    /// The identity of the query whose checkpoint this is.
-    pub fn of(checkpoint: &Checkpoint, current_name: &str) -> Self {
-        QueryIdentity {
-            query_id: checkpoint.query_id(),
-            app_name: checkpoint
-                .created_name()
-                .unwrap_or(current_name)
-                .to_string(),
-        }
-    }
-
-    /// The default application id of idempotent sinks (see `BatchContext::app_id`).
-    pub fn default_app_id(&self) -> String {
-        format!("{}-{}", self.app_name, self.query_id)
     }
 }
 

@@ -73,7 +73,7 @@ impl crate::connector::SinkSpec for ConsoleConfig {
         crate::connector::SinkShape::Unchecked
     }
 
-    fn app_id(&self, _query: &crate::connector::QueryIdentity) -> Option<String> {
+    fn app_id(&self, _query: &crate::sink::QueryIdentity) -> Option<String> {
         None
     }
 

@@ -105,8 +105,8 @@ impl BatchContext {
     }
 
     /// The query this batch belongs to, for app ids.
-    pub fn query(&self) -> crate::connector::QueryIdentity {
-        crate::connector::QueryIdentity {
+    pub fn query(&self) -> QueryIdentity {
+        QueryIdentity {
             query_id: self.query_id,
             app_name: self.app_name.clone(),
         }
@@ -270,6 +270,33 @@ impl SinkMetrics {
             .unwrap_or_default();
         out.extend(self.notes.lock().map(|n| n.clone()).unwrap_or_default());
         out
+    }
+}
+
+/// Which query a sink works for: what its default app id is derived from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryIdentity {
+    /// The checkpoint's query id.
+    pub query_id: uuid::Uuid,
+    /// The query's name when its checkpoint was created.
+    pub app_name: String,
+}
+
+impl QueryIdentity {
+    /// The identity of the query whose checkpoint this is.
+    pub fn of(checkpoint: &crate::checkpoint::Checkpoint, current_name: &str) -> Self {
+        QueryIdentity {
+            query_id: checkpoint.query_id(),
+            app_name: checkpoint
+                .created_name()
+                .unwrap_or(current_name)
+                .to_string(),
+        }
+    }
+
+    /// The default application id of idempotent sinks (see `BatchContext::app_id`).
+    pub fn default_app_id(&self) -> String {
+        format!("{}-{}", self.app_name, self.query_id)
     }
 }
 

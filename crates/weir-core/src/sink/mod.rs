@@ -12,6 +12,7 @@ mod context;
 mod parquet;
 mod parquet_config;
 mod parquet_dictionary;
+pub mod recorded;
 pub mod upsert;
 
 use std::future::Future;
@@ -24,8 +25,10 @@ use tracing::Instrument;
 
 use crate::error::{BoxError, Error};
 
+/// Where it was first: the chain printer lives with the error type now.
+pub use crate::error::error_chain;
 pub use console::{ConsoleConfig, ConsoleSink};
-pub use context::{BatchContext, CACHE_DURATION_KEY, SinkMetric, SinkMetrics};
+pub use context::{BatchContext, CACHE_DURATION_KEY, QueryIdentity, SinkMetric, SinkMetrics};
 pub use parquet::{PARQUET_POINTS, ParquetCompression, ParquetSink};
 pub use parquet_config::{ParquetConfig, ParquetReader};
 pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
@@ -43,7 +46,7 @@ pub trait ForeachBatch: Send + Sync {
     /// Called once when the query starts, before its first batch (and before `start()`
     /// returns): a sink checks that it may write where it was told, and refuses to start
     /// otherwise (a folder another query owns, ...). The default does nothing.
-    async fn open(&self, _query: &crate::connector::QueryIdentity) -> Result<(), BoxError> {
+    async fn open(&self, _query: &crate::sink::QueryIdentity) -> Result<(), BoxError> {
         Ok(())
     }
 
@@ -120,7 +123,7 @@ impl FanOut {
 
 #[async_trait]
 impl ForeachBatch for FanOut {
-    async fn open(&self, query: &crate::connector::QueryIdentity) -> Result<(), BoxError> {
+    async fn open(&self, query: &crate::sink::QueryIdentity) -> Result<(), BoxError> {
         for (name, sink) in self.sinks.iter() {
             sink.open(query).await.map_err(|source| {
                 Box::new(Error::Sink {
@@ -251,19 +254,4 @@ impl FanOut {
         }
         (Ok(()), self.sinks.len())
     }
-}
-
-/// `err: cause: cause`, for messages that must carry the whole chain in one line.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(c) = cur {
-        let s = c.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = c.source();
-    }
-    out
 }

@@ -30,7 +30,7 @@ use datafusion::prelude::DataFrame;
 use futures::StreamExt;
 use tokio::sync::OnceCell;
 
-use super::parquet_dictionary::without_wasted_dictionaries;
+use super::parquet_dictionary::{rows_of, without_wasted_dictionaries};
 use super::{BatchContext, ForeachBatch};
 use crate::error::{BoxError, Error, Result};
 use crate::fault;
@@ -323,10 +323,6 @@ fn encode(
     file.into_inner()
 }
 
-pub(super) fn rows_of(batches: &[RecordBatch]) -> usize {
-    batches.iter().map(RecordBatch::num_rows).sum()
-}
-
 /// Cuts a stream of batches into runs of `rows` rows (zero-copy slices), as parts of a
 /// batch and row groups of a part are cut; the last run may be shorter.
 struct Chunker {
@@ -414,7 +410,7 @@ fn encode_columns(
 
 #[async_trait]
 impl ForeachBatch for ParquetSink {
-    async fn open(&self, query: &crate::connector::QueryIdentity) -> Result<(), BoxError> {
+    async fn open(&self, query: &crate::sink::QueryIdentity) -> Result<(), BoxError> {
         Ok(self.check_owner(query.query_id, 0).await?)
     }
 

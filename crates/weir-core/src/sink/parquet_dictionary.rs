@@ -20,8 +20,6 @@ use datafusion::parquet::file::properties::{
 };
 use datafusion::parquet::schema::types::ColumnPath;
 
-use super::parquet::rows_of;
-
 /// Values looked at per column; the estimate's error at the thresholds is about 15% with it.
 const SAMPLE: usize = 4096;
 
@@ -167,6 +165,11 @@ fn value_hash(
             bytes(values.get(from..from + width)?, 0)
         }
     }
+}
+
+/// The rows of `batches`.
+pub(super) fn rows_of(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(RecordBatch::num_rows).sum()
 }
 
 #[cfg(test)]

@@ -449,7 +449,7 @@ impl OperatorMetadata {
     }
 
     fn parse(path: &str, line: &str) -> Result<Self> {
-        crate::checkpoint::log::parse_line(path, 2, line)
+        crate::logfile::parse_line(path, 2, line)
     }
 
     /// Writes this as operator `operator_info.operator_id`'s metadata under `state_root`
@@ -492,7 +492,7 @@ pub(crate) async fn write_line_once(
     line: String,
 ) -> Result<Option<String>> {
     dir.create_dir().await?;
-    let bytes = crate::checkpoint::log::render([line]);
+    let bytes = crate::logfile::render([line]);
     if let crate::storage::WriteOutcome::Written = dir.put_new(name, bytes).await? {
         return Ok(None);
     }
@@ -511,7 +511,7 @@ async fn read_line(dir: &Location, name: &str) -> Result<Option<String>> {
         return Ok(None);
     };
     let path = dir.describe(name);
-    let lines = crate::checkpoint::log::parse_versioned(&found, &path, 1, "state metadata")?;
+    let lines = crate::logfile::parse_versioned(&found, &path, 1, "state metadata")?;
     Ok(Some(lines.into_iter().next().unwrap_or_default()))
 }
 

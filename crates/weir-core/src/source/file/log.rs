@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::log::{parse_line, parse_versioned, render};
 use crate::error::{Error, Result};
+use crate::logfile::{parse_line, parse_versioned, render};
 use crate::storage::{Location, WriteOutcome, is_hidden};
 
 pub(super) const COMPACT_INTERVAL: u64 = 10;

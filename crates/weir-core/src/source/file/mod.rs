@@ -45,8 +45,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::decode::{BadRecordMode, check_corrupt_column, output_schema};
 use super::{ReadLimit, Source, SourceInit, SourceOffset};
-use crate::checkpoint::retention::{Purge, log_keep_from, purge};
 use crate::error::{Error, Result};
+use crate::logfile::retention::{Purge, log_keep_from, purge};
 use crate::storage::{FileMeta, ListingCursor, Location, blocking, is_hidden};
 pub use config::{CleanName, FilesConfig, FormatName};
 pub use log::FileEntry;

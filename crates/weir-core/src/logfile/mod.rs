@@ -1,8 +1,13 @@
-//! Log files: `v1`, then JSON lines, written once.
+//! Log files: `v1`, then JSON lines, written once; and what retention deletes of them.
+//!
+//! The bottom of the engine with [`crate::error`]: the offset and commit logs, a source's
+//! own log and the state metadata all use this format.
 //!
 //! Parsing works on bytes already read, naming the file in every error, in Spark's words
 //! where Spark has some. Writing goes through [`crate::storage::Location::put_new`]: atomic,
 //! durable, never overwritten.
+
+pub mod retention;
 
 use crate::error::{Error, Result};
 
