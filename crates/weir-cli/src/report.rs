@@ -5,7 +5,9 @@ use std::sync::Mutex;
 
 use anyhow::{Context, Result};
 use weir_core::SinkMetric;
-use weir_core::engine::{FallingBehind, QueryListener, QueryStarted, StreamingQueryProgress};
+use weir_core::engine::{
+    FallingBehind, Phase, QueryListener, QueryStarted, StreamingQueryProgress,
+};
 use weir_core::sink::CACHE_DURATION_KEY;
 
 /// One human line per batch on stdout.
@@ -55,8 +57,8 @@ impl QueryListener for HumanLines {
             "batch {}: {} rows in{out}{skip} in {} ms (addBatch {} ms{per_sink})",
             p.batch_id,
             p.num_input_rows,
-            p.duration("triggerExecution"),
-            p.duration("addBatch")
+            p.duration(Phase::TriggerExecution),
+            p.duration(Phase::AddBatch)
         );
     }
 

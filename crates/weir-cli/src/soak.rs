@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use serde_json::Value;
-use weir_core::engine::DURATION_PHASES;
+use weir_core::engine::{DURATION_PHASES, Phase};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SoakArgs {
@@ -202,7 +202,12 @@ fn verdict(samples: &[Sample], json: bool) -> Result<()> {
         bail!("fewer batches than one sample: nothing to compare");
     };
     let base = samples.get(1).unwrap_or(first);
-    let t = |s: &Sample| s.median_ms["triggerExecution"].as_u64().unwrap_or(0).max(1) as f64;
+    let t = |s: &Sample| {
+        s.median_ms[Phase::TriggerExecution.as_str()]
+            .as_u64()
+            .unwrap_or(0)
+            .max(1) as f64
+    };
     let rss_ratio = last.rss_mb / first.rss_mb.max(0.1);
     let time_ratio = t(last) / t(base);
     let flat = rss_ratio <= 1.10 && time_ratio <= 1.5;

@@ -21,18 +21,33 @@ use std::sync::OnceLock;
 
 use crate::error::Error;
 
+/// After `offsets/N` is written.
+pub const AFTER_OFFSETS_WRITE: &str = "after-offsets-write";
+/// Before the function is called.
+pub const BEFORE_USER_FN: &str = "before-user-fn";
+/// After the function returned `Ok`.
+pub const AFTER_USER_FN: &str = "after-user-fn";
+/// Before a stateful operator commits its state version N+1.
+pub const BEFORE_STATE_COMMIT: &str = "before-state-commit";
+/// After a stateful operator committed its state version N+1.
+pub const AFTER_STATE_COMMIT: &str = "after-state-commit";
+/// Before `commits/N` is linked into place.
+pub const BEFORE_COMMIT_WRITE: &str = "before-commit-write";
+/// After `commits/N` is in place.
+pub const AFTER_COMMIT_WRITE: &str = "after-commit-write";
+
 /// The runner's points, in the order a batch passes them.
 pub const RUNNER_POINTS: &[&str] = &[
-    "after-offsets-write",
-    "before-user-fn",
-    "after-user-fn",
-    "before-commit-write",
-    "after-commit-write",
+    AFTER_OFFSETS_WRITE,
+    BEFORE_USER_FN,
+    AFTER_USER_FN,
+    BEFORE_COMMIT_WRITE,
+    AFTER_COMMIT_WRITE,
 ];
 
 /// The runner's points around the state commit of a query with stateful operators, between
 /// `after-user-fn` and `before-commit-write`.
-pub const STATE_POINTS: &[&str] = &["before-state-commit", "after-state-commit"];
+pub const STATE_POINTS: &[&str] = &[BEFORE_STATE_COMMIT, AFTER_STATE_COMMIT];
 
 #[derive(Debug, Clone, PartialEq)]
 enum Action {

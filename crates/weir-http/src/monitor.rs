@@ -429,7 +429,7 @@ impl QueryListener for Monitor {
                     _ => {}
                 }
             }
-            let add = p.duration("addBatch") as f64;
+            let add = p.duration(weir_core::engine::Phase::AddBatch) as f64;
             if interval_ms > 0.0 {
                 let r = add / interval_ms;
                 s.add_batch_ratio = Some(r);

@@ -28,7 +28,6 @@
 //! Paths (`files`, `checkpoint`, and the sinks') may be local folders or object-store URLs
 //! (`s3://`, `az://`, `abfss://`, `gs://`); see [`crate::storage`].
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,24 +36,22 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
-use crate::checkpoint::{Checkpoint, LeaseSettings, StartPoint};
+use crate::checkpoint::LeaseSettings;
 use crate::engine::{
-    BehindDetector, QueryListener, QuerySpec, Shared, StreamingQuery, Transform, Trigger, run,
+    BehindDetector, QueryListener, StartRequest, StreamingQuery, Transform, Trigger,
 };
 use crate::error::{BoxError, Error, Result};
 use crate::sink::{BatchContext, ForeachBatch};
 use crate::source::{
     BadRecordMode, CleanSource, FileFormat, FileSource, FileSourceOptions, RateSource, ReadLimit,
-    Source, SourceInit,
+    Source,
 };
 use crate::storage::{Location, StorageOptions};
 
 mod location;
 pub use location::{IntoLocation, LocationSpec};
 
-/// The pinned setting that a replay must reuse: the partitioning of the batch, so that
-/// sinks that name output by partition write the same names again.
-pub const PIN_TARGET_PARTITIONS: &str = "datafusion.execution.target_partitions";
+pub use crate::engine::PIN_TARGET_PARTITIONS;
 
 /// Entry point: holds the DataFusion configuration and runtime shared by its queries, and
 /// the object-store settings for the URLs they use.
@@ -572,70 +569,22 @@ impl DataStreamWriter {
                 )
             })?
             .resolve("query.checkpoint", &self.frame.session.storage)?;
-        crate::engine::check_at_start(&self.frame.source_schema(), &self.frame.transforms)?;
-        let name = self.name.unwrap_or_else(|| "query".to_string());
-        let checkpoint = Checkpoint::open(dir, &name, self.lease).await?;
-        let start = match checkpoint.recover().await {
-            Ok(s) => s,
-            Err(e) => {
-                checkpoint.release().await;
-                return Err(e);
-            }
-        };
-        if let Err(e) = checkpoint.refuse_unfinished_spark(&start).await {
-            checkpoint.release().await;
-            return Err(e);
-        }
-        // Settings pinned by the last recorded batch win over the current ones.
-        let recorded = match &start {
-            StartPoint::Fresh => None,
-            StartPoint::Replay { batch, .. } => Some(&batch.metadata.conf),
-            StartPoint::Next { previous, .. } => Some(&previous.metadata.conf),
-        };
-        let pinned = recorded
-            .and_then(|c| c.get(PIN_TARGET_PARTITIONS))
-            .and_then(|v| v.parse::<usize>().ok());
-        let ctx = self.frame.session.context(pinned);
-        let mut conf = BTreeMap::new();
-        conf.insert(
-            PIN_TARGET_PARTITIONS.to_string(),
-            ctx.state().config().target_partitions().to_string(),
-        );
-        // Sinks check where they write before anything runs.
-        let identity = crate::connector::QueryIdentity::of(&checkpoint, &name);
-        if let Err(source) = sink.open(&identity).await {
-            checkpoint.release().await;
-            return Err(Error::SinkRefused { source });
-        }
-        let shared = Arc::new(Shared::new(checkpoint.query_id(), name));
-        if let Err(e) = self
-            .frame
-            .source
-            .open(&SourceInit {
-                log: checkpoint.source_log(0),
-                retain_batches: self.retain,
-            })
-            .await
-        {
-            checkpoint.release().await;
-            return Err(e);
-        }
-        let spec = QuerySpec {
-            checkpoint,
-            start,
+        let session = self.frame.session;
+        crate::engine::start(StartRequest {
+            dir,
+            name: self.name.unwrap_or_else(|| "query".to_string()),
+            lease: self.lease,
             source: self.frame.source,
             limit: self.frame.limit,
             transforms: self.frame.transforms,
+            context: Box::new(move |pinned| session.context(pinned)),
             sink,
             trigger: self.trigger,
             retain: self.retain,
             listeners: self.listeners,
             behind: self.behind,
-            ctx,
-            conf,
             no_data_delay: self.no_data_delay,
-        };
-        tokio::spawn(run(spec, shared.clone()));
-        Ok(StreamingQuery { shared })
+        })
+        .await
     }
 }

@@ -1,22 +1,27 @@
 //! The micro-batch engine: triggers, the run loop, progress and the query handle.
 
-mod prepared;
-pub(crate) use prepared::WeirQueryPlanner;
+mod batch;
+mod kept_plan;
+pub(crate) use kept_plan::WeirQueryPlanner;
 pub mod progress;
 mod query;
+mod report;
 mod runner;
+mod start;
 mod stateful;
+mod step;
 pub mod top_one;
-pub(crate) use stateful::check_at_start;
+mod transform;
 pub mod trigger;
 
 pub use progress::{
-    BehindDetector, DURATION_PHASES, FallingBehind, QueryIdle, QueryListener, QueryStarted,
+    BehindDetector, DURATION_PHASES, FallingBehind, Phase, QueryIdle, QueryListener, QueryStarted,
     QueryTerminated, SinkProgress, SourceProgress, StreamingQueryProgress,
 };
-pub(crate) use query::Shared;
 pub use query::StreamingQuery;
-pub use runner::{BATCH_VIEW, Transform, TransformOutput, sql_over_batch};
-pub(crate) use runner::{QuerySpec, check_transforms, run};
-pub use stateful::{Aggregation, OutputMode, check_steps};
+pub use start::PIN_TARGET_PARTITIONS;
+pub(crate) use start::{StartRequest, start};
+pub use stateful::{Aggregation, OutputMode};
+pub(crate) use transform::check_transforms;
+pub use transform::{BATCH_VIEW, Transform, TransformOutput, check_steps, sql_over_batch};
 pub use trigger::{Trigger, parse_duration};

@@ -35,9 +35,9 @@ pub struct StreamingQueryProgress {
 }
 
 impl StreamingQueryProgress {
-    /// One of the `durationMs` entries, 0 if absent.
-    pub fn duration(&self, key: &str) -> u64 {
-        self.duration_ms.get(key).copied().unwrap_or(0)
+    /// One of the `durationMs` entries (a [`Phase`], or its name), 0 if absent.
+    pub fn duration(&self, phase: impl AsRef<str>) -> u64 {
+        self.duration_ms.get(phase.as_ref()).copied().unwrap_or(0)
     }
 
     /// The report as one line of JSON (for progress files).
@@ -51,16 +51,103 @@ impl StreamingQueryProgress {
     }
 }
 
-/// The `durationMs` entries of a report, in the order a batch passes them (Spark's names).
+/// A `durationMs` entry of a report: the phases of a batch, in the order it passes them
+/// (Spark's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    /// Asking the source for its newest offset under the read limit.
+    LatestOffset,
+    /// Writing `offsets/N`.
+    WalCommit,
+    /// Reading the batch's rows.
+    GetBatch,
+    /// Applying the transforms and stateful steps.
+    QueryPlanning,
+    /// The function (every sink), and the state commit after it.
+    AddBatch,
+    /// Writing `commits/N`, telling the source, purging past retention.
+    CommitOffsets,
+    /// The whole batch.
+    TriggerExecution,
+}
+
+impl Phase {
+    /// Every phase, in the order a batch passes them.
+    pub const ALL: [Phase; 7] = [
+        Phase::LatestOffset,
+        Phase::WalCommit,
+        Phase::GetBatch,
+        Phase::QueryPlanning,
+        Phase::AddBatch,
+        Phase::CommitOffsets,
+        Phase::TriggerExecution,
+    ];
+
+    /// Spark's name of the phase, the key in `durationMs`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Phase::LatestOffset => "latestOffset",
+            Phase::WalCommit => "walCommit",
+            Phase::GetBatch => "getBatch",
+            Phase::QueryPlanning => "queryPlanning",
+            Phase::AddBatch => "addBatch",
+            Phase::CommitOffsets => "commitOffsets",
+            Phase::TriggerExecution => "triggerExecution",
+        }
+    }
+}
+
+impl AsRef<str> for Phase {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `durationMs` keys of a report, in the order a batch passes them (Spark's names).
 pub const DURATION_PHASES: [&str; 7] = [
-    "latestOffset",
-    "walCommit",
-    "getBatch",
-    "queryPlanning",
-    "addBatch",
-    "commitOffsets",
-    "triggerExecution",
+    Phase::LatestOffset.as_str(),
+    Phase::WalCommit.as_str(),
+    Phase::GetBatch.as_str(),
+    Phase::QueryPlanning.as_str(),
+    Phase::AddBatch.as_str(),
+    Phase::CommitOffsets.as_str(),
+    Phase::TriggerExecution.as_str(),
 ];
+
+/// The phase durations of one batch, in ms, as the loop measures them.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Durations(BTreeMap<Phase, u64>);
+
+impl Durations {
+    /// Records `phase` as having taken `ms`.
+    pub(crate) fn set(&mut self, phase: Phase, ms: u64) {
+        self.0.insert(phase, ms);
+    }
+
+    /// Records `phase` as having taken the time since `since`.
+    pub(crate) fn since(&mut self, phase: Phase, since: tokio::time::Instant) {
+        self.set(phase, since.elapsed().as_millis() as u64);
+    }
+
+    /// The entry of `phase`, 0 if not recorded.
+    pub(crate) fn get(&self, phase: Phase) -> u64 {
+        self.0.get(&phase).copied().unwrap_or(0)
+    }
+
+    /// The `durationMs` map of a report.
+    pub(crate) fn into_report(self) -> BTreeMap<String, u64> {
+        self.0
+            .into_iter()
+            .map(|(p, ms)| (p.as_str().to_string(), ms))
+            .collect()
+    }
+}
 
 /// A source's part of a progress report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

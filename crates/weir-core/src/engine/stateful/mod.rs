@@ -25,7 +25,10 @@ mod keys;
 mod watermark;
 
 pub use aggregate::{Aggregation, OutputMode};
-pub(crate) use watermark::{EventTime, EventTimeStats, iso, observe as observe_event_times};
+pub(crate) use watermark::{
+    EventTime, EventTimeStats, KEY as WATERMARK_KEY, check_type as check_watermark_type, iso,
+    observe as observe_event_times,
+};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,7 +44,6 @@ use crate::error::{Error, Result};
 use crate::state::{OperatorMetadata, StateConf, StateStore, write_line_once};
 use crate::storage::Location;
 
-use super::runner::Transform;
 use keys::{encode_value, family};
 
 /// A stateful operator of a query.
@@ -51,35 +53,30 @@ pub(crate) enum Operator {
 }
 
 impl Operator {
-    /// The operator for transform `t`, the `index`-th stateful one; `None` if `t` is not
-    /// stateful.
-    pub(crate) fn for_transform(
+    /// The `index`-th stateful operator of a query: a deduplication on `keys`.
+    pub(crate) fn dedupe(
         index: u32,
-        t: &Transform,
+        keys: Vec<String>,
+        mode: DedupeMode,
         state_root: &Location,
         conf: StateConf,
-    ) -> Result<Option<Operator>> {
-        let store = StateStore::new(state_root.join(&format!("{index}/0")), conf);
-        let op = OperatorState {
-            operator: index,
-            state_root: state_root.clone(),
-            store,
-            checked: false,
-        };
-        Ok(match t {
-            Transform::DropDuplicates(keys) => Some(Operator::Dedupe(Box::new(Dedupe::new(
-                op,
-                keys.clone(),
-                DedupeMode::Plain,
-            )))),
-            Transform::DropDuplicatesWithinWatermark(keys) => Some(Operator::Dedupe(Box::new(
-                Dedupe::new(op, keys.clone(), DedupeMode::WithinWatermark),
-            ))),
-            Transform::Aggregate(a) => Some(Operator::Aggregate(Box::new(
-                aggregate::Aggregate::new(op, a.clone())?,
-            ))),
-            Transform::Sql(_) | Transform::Fn(_) | Transform::Watermark { .. } => None,
-        })
+    ) -> Operator {
+        let op = OperatorState::new(index, state_root, conf);
+        Operator::Dedupe(Box::new(Dedupe::new(op, keys, mode)))
+    }
+
+    /// The `index`-th stateful operator of a query: an aggregation.
+    pub(crate) fn aggregate(
+        index: u32,
+        aggregation: Aggregation,
+        state_root: &Location,
+        conf: StateConf,
+    ) -> Result<Operator> {
+        let op = OperatorState::new(index, state_root, conf);
+        Ok(Operator::Aggregate(Box::new(aggregate::Aggregate::new(
+            op,
+            aggregation,
+        )?)))
     }
 
     /// The operator's output for batch `batch_id`'s rows `df`.
@@ -199,6 +196,16 @@ pub(crate) struct OperatorState {
 }
 
 impl OperatorState {
+    /// The state of the `index`-th operator (`state/<index>/0`), not loaded yet.
+    fn new(index: u32, state_root: &Location, conf: StateConf) -> Self {
+        OperatorState {
+            operator: index,
+            state_root: state_root.clone(),
+            store: StateStore::new(state_root.join(&format!("{index}/0")), conf),
+            checked: false,
+        }
+    }
+
     /// The store's folder, for errors.
     fn store_path(&self) -> String {
         self.state_root.describe(&format!("{}/0", self.operator))
@@ -312,7 +319,7 @@ pub(crate) enum DedupeMode {
 }
 
 impl DedupeMode {
-    fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             DedupeMode::Plain => "transform.drop-duplicates",
             DedupeMode::WithinWatermark => "transform.drop-duplicates-within-watermark",
@@ -510,7 +517,7 @@ fn key_families(schema: &Schema, columns: &[usize], key: &str) -> Result<Vec<Str
 }
 
 /// The indexes of `keys` in `schema`; an error naming the first key it lacks.
-fn key_columns(schema: &Schema, keys: &[String], key: &str) -> Result<Vec<usize>> {
+pub(crate) fn key_columns(schema: &Schema, keys: &[String], key: &str) -> Result<Vec<usize>> {
     if keys.is_empty() {
         return Err(Error::config(key, "no key column given"));
     }
@@ -526,68 +533,4 @@ fn key_columns(schema: &Schema, keys: &[String], key: &str) -> Result<Vec<usize>
             })
         })
         .collect()
-}
-
-/// Checks, before the query starts, what can be checked without data: one watermark at
-/// most, aggregates that parse, and the columns of the steps that see the source's columns
-/// (those before any SQL, DataFrame or aggregation step): a typo is refused before anything
-/// runs, not at the first batch that brings data.
-pub(crate) fn check_at_start(source: &Schema, transforms: &[Transform]) -> Result<()> {
-    check_steps(transforms)?;
-    for t in transforms {
-        match t {
-            Transform::DropDuplicates(keys) => {
-                key_columns(source, keys, DedupeMode::Plain.key())?;
-            }
-            Transform::DropDuplicatesWithinWatermark(keys) => {
-                key_columns(source, keys, DedupeMode::WithinWatermark.key())?;
-            }
-            Transform::Watermark { column, .. } => {
-                let i = key_columns(source, std::slice::from_ref(column), watermark::KEY)?[0];
-                watermark::check_type(column, source.field(i).data_type())?;
-            }
-            Transform::Aggregate(a) => {
-                a.check_columns(source)?;
-                break;
-            }
-            Transform::Sql(_) | Transform::Fn(_) => break,
-        }
-    }
-    Ok(())
-}
-
-/// The checks of [`check_at_start`] that need no schema: one watermark at most, aggregates
-/// that parse, append mode with a watermark to close by, dedupe within a watermark after one.
-pub fn check_steps(transforms: &[Transform]) -> Result<()> {
-    let watermarks = transforms
-        .iter()
-        .filter(|t| matches!(t, Transform::Watermark { .. }))
-        .count();
-    if watermarks > 1 {
-        return Err(Error::config(
-            watermark::KEY,
-            format!(
-                "the query has {watermarks} watermarks; a weir query reads one source and takes one"
-            ),
-        ));
-    }
-    let mut watermark = None;
-    for t in transforms {
-        match t {
-            Transform::Watermark { column, .. } => watermark = Some(column.as_str()),
-            Transform::Aggregate(a) => {
-                a.validate()?;
-                a.check_watermark(watermark)?;
-            }
-            Transform::DropDuplicatesWithinWatermark(_) if watermark.is_none() => {
-                return Err(Error::config(
-                    DedupeMode::WithinWatermark.key(),
-                    "drop_duplicates_within_watermark needs a watermark: put with_watermark \
-                     (`transform.with-watermark`) before it",
-                ));
-            }
-            _ => {}
-        }
-    }
-    Ok(())
 }

@@ -1,0 +1,286 @@
+//! One batch's work after its range is recorded: read the rows once, apply the steps, call
+//! the function, commit the state. The loop (`engine::runner`) puts these together with the
+//! checkpoint's logs and the read-ahead; nothing here writes `offsets/N` or `commits/N`.
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::datasource::{MemTable, TableProvider, source_as_provider};
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::{DataFrame, SessionContext};
+use futures::FutureExt;
+use tokio::sync::Mutex;
+
+use super::kept_plan::{SqlPlan, deal};
+use super::stateful::{EventTime, EventTimeStats, Operator, check_no_operator_removed};
+use super::transform::{Transform, sql_over_batch};
+use crate::error::{Error, Result, panic_text};
+use crate::fault::{self, AFTER_STATE_COMMIT, AFTER_USER_FN, BEFORE_STATE_COMMIT, BEFORE_USER_FN};
+use crate::sink::{BatchContext, ForeachBatch};
+use crate::source::{ReadLimit, Source, SourceOffset};
+use crate::state::StateConf;
+use crate::storage::Location;
+
+/// A batch's rows read into memory, with the source's figures as of that read.
+pub(super) struct ReadRows {
+    pub table: Arc<MemTable>,
+    pub count: u64,
+    pub metrics: BTreeMap<String, String>,
+}
+
+/// The batch after `start`, planned and read while the batch ending at `start` ran.
+pub(super) struct Ahead {
+    pub start: SourceOffset,
+    pub end: SourceOffset,
+    pub latest: SourceOffset,
+    pub rows: ReadRows,
+}
+
+/// Plans and reads the batch after `start` (latest offset under `limit`, then the range):
+/// `None` when the source has nothing new. Nothing is recorded in the checkpoint.
+pub(super) async fn read_ahead(
+    source: Arc<dyn Source>,
+    ctx: SessionContext,
+    start: SourceOffset,
+    limit: ReadLimit,
+) -> Result<Option<Ahead>> {
+    let Some(end) = source
+        .latest_offset(Some(&start), limit)
+        .await?
+        .filter(|e| e != &start)
+    else {
+        return Ok(None);
+    };
+    let latest = source.latest_seen().unwrap_or_else(|| end.clone());
+    let rows = read_rows(source.as_ref(), &ctx, Some(&start), &end).await?;
+    Ok(Some(Ahead {
+        start,
+        end,
+        latest,
+        rows,
+    }))
+}
+
+/// Reads `(start, end]` into memory once (see [`materialize`]), with the source's figures
+/// as of the read.
+pub(super) async fn read_rows(
+    source: &dyn Source,
+    ctx: &SessionContext,
+    start: Option<&SourceOffset>,
+    end: &SourceOffset,
+) -> Result<ReadRows> {
+    let df = source.read_range(ctx, start, end).await?;
+    let (table, count) = materialize(df).await?;
+    Ok(ReadRows {
+        table,
+        count,
+        metrics: source.metrics(),
+    })
+}
+
+/// Reads the batch once into memory: the row count for progress, and every action of the
+/// function (and every sink of a fan-out) reads this copy instead of the source again.
+async fn materialize(df: DataFrame) -> Result<(Arc<MemTable>, u64)> {
+    let schema = df.schema().inner().clone();
+    // A source that read the range into memory (the file source) hands over a scan of an
+    // in-memory table: its batches are taken as they are, without planning a query.
+    if let LogicalPlan::TableScan(scan) = df.logical_plan()
+        && scan.projection.is_none()
+        && scan.filters.is_empty()
+        && scan.fetch.is_none()
+        && let Ok(provider) = source_as_provider(&scan.source)
+        && provider.schema() == schema
+        && let Ok(held) = (provider as Arc<dyn std::any::Any + Send + Sync>).downcast::<MemTable>()
+    {
+        let rows = partitions_of(&held)
+            .await
+            .iter()
+            .flatten()
+            .map(|b| b.num_rows() as u64)
+            .sum();
+        return Ok((held, rows));
+    }
+    let parts = df
+        .collect_partitioned()
+        .await
+        .map_err(|e| Error::datafusion("reading the batch", e))?;
+    let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
+    let table =
+        MemTable::try_new(schema, parts).map_err(|e| Error::datafusion("holding the batch", e))?;
+    Ok((Arc::new(table), rows))
+}
+
+/// The record batches of each partition of an in-memory table.
+async fn partitions_of(table: &MemTable) -> Vec<Vec<RecordBatch>> {
+    let mut parts = Vec::with_capacity(table.batches.len());
+    for p in &table.batches {
+        parts.push(p.read().await.clone());
+    }
+    parts
+}
+
+/// The query's steps between the source and the function, with the state they keep from
+/// batch to batch.
+pub(super) struct Steps {
+    transforms: Vec<Transform>,
+    /// The stateful operators, in the order of their transforms.
+    stateful: Mutex<Vec<Operator>>,
+    /// The plan of a query whose only transform is SQL, kept from batch to batch when it
+    /// may be (see `engine::kept_plan`).
+    sql_plan: Mutex<SqlPlan>,
+}
+
+impl Steps {
+    /// The steps of a query whose state lives under `state_root`, each stateful operator
+    /// checked against what its state folder recorded. Also the watermark's column and delay
+    /// in ms, if the query has one.
+    pub(super) async fn open(
+        transforms: Vec<Transform>,
+        state_root: &Location,
+        retain: u64,
+    ) -> Result<(Steps, Option<(String, i64)>)> {
+        let conf = StateConf::new(10, retain)?;
+        let mut stateful = Vec::new();
+        let mut watermark = None;
+        for t in &transforms {
+            if let Some(op) = t.operator(stateful.len() as u32, state_root, conf)? {
+                stateful.push(op);
+            }
+            if let Transform::Watermark { column, delay } = t {
+                watermark = Some((
+                    column.clone(),
+                    i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
+                ));
+            }
+        }
+        check_no_operator_removed(state_root, stateful.len()).await?;
+        for (i, op) in stateful.iter().enumerate() {
+            op.check_place(i as u32, state_root).await?;
+        }
+        let steps = Steps {
+            transforms,
+            stateful: Mutex::new(stateful),
+            sql_plan: Mutex::new(SqlPlan::default()),
+        };
+        Ok((steps, watermark))
+    }
+
+    /// Whether a stateful operator drops state when the watermark passes it.
+    pub(super) async fn evicts(&self) -> bool {
+        self.stateful.lock().await.iter().any(Operator::evicts)
+    }
+
+    /// The function's input for batch `batch_id`'s rows `table`, and the event times seen.
+    pub(super) async fn apply(
+        &self,
+        ctx: &SessionContext,
+        table: Arc<MemTable>,
+        batch_id: u64,
+        event: Option<&EventTime>,
+    ) -> Result<(DataFrame, EventTimeStats)> {
+        let mut event_times = EventTimeStats::default();
+        if let [Transform::Sql(sql)] = self.transforms.as_slice() {
+            let parts = partitions_of(&table).await;
+            let n = ctx.state_ref().read().config().target_partitions();
+            let df = self
+                .sql_plan
+                .lock()
+                .await
+                .frame(ctx, sql, table.schema(), deal(parts, n))
+                .await
+                .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?;
+            return Ok((df, event_times));
+        }
+        let mut df = ctx
+            .read_table(table.clone())
+            .map_err(|e| Error::datafusion("reading the materialized batch", e))?;
+        let mut stateful = 0;
+        for t in &self.transforms {
+            df = match t {
+                Transform::DropDuplicates(_)
+                | Transform::DropDuplicatesWithinWatermark(_)
+                | Transform::Aggregate(_) => {
+                    let mut ops = self.stateful.lock().await;
+                    let op = ops.get_mut(stateful).ok_or_else(|| Error::Internal {
+                        what: format!("stateful operator {stateful} was not set up"),
+                    })?;
+                    stateful += 1;
+                    op.apply(ctx, df, batch_id, event).await?
+                }
+                Transform::Watermark { column, .. } => {
+                    let (df, stats) = super::stateful::observe_event_times(ctx, df, column).await?;
+                    event_times = stats;
+                    df
+                }
+                Transform::Fn(f) => {
+                    f(df).map_err(|e| Error::datafusion("the DataFrame transform", e))?
+                }
+                Transform::Sql(sql) => sql_over_batch(ctx, df, sql)
+                    .await
+                    .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?,
+            };
+        }
+        Ok((df, event_times))
+    }
+
+    /// Commits every operator's state version N+1 (after the function, before
+    /// `commits/N`); their progress entries.
+    /// `failed` gives an operator's error its context.
+    pub(super) async fn commit(
+        &self,
+        batch_id: u64,
+        failed: impl Fn(Error) -> Error,
+    ) -> Result<Vec<serde_json::Value>> {
+        let mut entries = Vec::new();
+        for op in self.stateful.lock().await.iter_mut() {
+            fault::hit(BEFORE_STATE_COMMIT, batch_id)?;
+            entries.push(op.commit().await.map_err(&failed)?);
+            fault::hit(AFTER_STATE_COMMIT, batch_id)?;
+        }
+        Ok(entries)
+    }
+
+    /// Deletes state files past retention; `failed` gives an operator's error its context.
+    pub(super) async fn purge(&self, failed: impl Fn(Error) -> Error) -> Result<()> {
+        for op in self.stateful.lock().await.iter_mut() {
+            op.purge().await.map_err(&failed)?;
+        }
+        Ok(())
+    }
+}
+
+/// Calls the function for batch `ctx.batch_id` while `prepare` (the commit entry written
+/// under a temp name) runs beside it; `prepare`'s result once the function returned `Ok`.
+/// An error or a panic of the function fails the batch, naming it.
+pub(super) async fn call<P>(
+    sink: &dyn ForeachBatch,
+    df: DataFrame,
+    ctx: BatchContext,
+    prepare: impl Future<Output = P>,
+) -> Result<P> {
+    let (query, batch_id) = (ctx.query_name.clone(), ctx.batch_id);
+    fault::hit(BEFORE_USER_FN, batch_id)?;
+    let (outcome, prepared) =
+        futures::join!(AssertUnwindSafe(sink.call(df, ctx)).catch_unwind(), prepare);
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(source)) => {
+            return Err(Error::BatchFailed {
+                query,
+                batch_id,
+                source,
+            });
+        }
+        Err(panic) => {
+            return Err(Error::BatchPanicked {
+                query,
+                batch_id,
+                message: panic_text(panic.as_ref()),
+            });
+        }
+    }
+    fault::hit(AFTER_USER_FN, batch_id)?;
+    Ok(prepared)
+}

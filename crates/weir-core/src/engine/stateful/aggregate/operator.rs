@@ -1,0 +1,555 @@
+//! The aggregation operator: one batch in phases, each a function of what the one before
+//! gave.
+//!
+//! 1. [`Aggregate::shape`]: where the columns are, what leaves the state by the watermark,
+//!    and the state's metadata checked;
+//! 2. [`Aggregate::expand`]: one row per (input row, window), late rows counted and dropped;
+//! 3. [`partials`]: DataFusion's partial results per group, and HyperLogLog sketches;
+//! 4. [`Aggregate::merge`]: the partials merged into the state;
+//! 5. [`Aggregate::emit`]: what the output mode passes on, and what leaves the state;
+//! 6. [`output`]: the rows passed on, as a DataFrame.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::array::{ArrayRef, Int64Array, TimestampMicrosecondArray, UInt32Array};
+use datafusion::arrow::compute::{concat_batches, take};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::logical_expr::Expr;
+use datafusion::prelude::{DataFrame, SessionContext, ident};
+use datafusion::scalar::ScalarValue;
+
+use super::hll::{HLL_REGISTERS, SlotSource, hll_estimate, sketch_rows};
+use super::{
+    APPEND_NEEDS, AggExpr, Aggregation, Columns, Expiry, Func, KEY, OPERATOR_NAME, OutputMode,
+    Slot, decode_slots, group_time, merge, scalars_to_array, window_start,
+};
+use crate::engine::stateful::keys::{decode_value, encode_scalar, encode_value, family};
+use crate::engine::stateful::watermark::{self, EventTime};
+use crate::engine::stateful::{
+    OperatorMetrics, OperatorState, collect_in_order, columns_json, frame,
+};
+use crate::error::{Error, Result};
+
+/// One aggregation of a query.
+pub(crate) struct Aggregate {
+    pub(in crate::engine::stateful) op: OperatorState,
+    spec: Aggregation,
+    exprs: Vec<AggExpr>,
+    pub(in crate::engine::stateful) metrics: OperatorMetrics,
+}
+
+/// Where a batch's columns are, and how its groups leave the state.
+struct Shape<'e> {
+    schema: SchemaRef,
+    columns: Columns,
+    /// The watermark and its column's index, unless the output mode is complete.
+    event: Option<(&'e EventTime, usize)>,
+    /// What a group leaves the state by, with the watermark that decides it.
+    expiry: Option<(&'e EventTime, Expiry)>,
+}
+
+impl Shape<'_> {
+    fn windowed(&self) -> bool {
+        self.columns.window.is_some()
+    }
+
+    /// The number of key columns of a partial result: the groups and the window start.
+    fn key_len(&self) -> usize {
+        self.columns.groups.len() + usize::from(self.windowed())
+    }
+
+    fn group_types(&self) -> Vec<DataType> {
+        self.columns
+            .groups
+            .iter()
+            .map(|g| self.schema.field(*g).data_type().clone())
+            .collect()
+    }
+}
+
+/// One batch's partial results per group.
+struct Partials {
+    batches: Vec<RecordBatch>,
+    /// How each state slot merges.
+    slots: Vec<Slot>,
+    /// Where each slot's value comes from.
+    sources: Vec<SlotSource>,
+    /// Each slot's type in the state.
+    slot_types: Vec<DataType>,
+    /// The sketches of each group (by state key), for the sketched slots.
+    sketches: HashMap<Vec<u8>, Vec<Vec<u8>>>,
+}
+
+impl Aggregate {
+    pub(in crate::engine::stateful) fn evicts(&self) -> bool {
+        self.spec.output_mode != OutputMode::Complete
+    }
+
+    pub(in crate::engine::stateful) fn new(op: OperatorState, spec: Aggregation) -> Result<Self> {
+        let exprs = spec.validate()?;
+        Ok(Aggregate {
+            op,
+            spec,
+            exprs,
+            metrics: OperatorMetrics::new(OPERATOR_NAME),
+        })
+    }
+
+    pub(in crate::engine::stateful) async fn apply(
+        &mut self,
+        ctx: &SessionContext,
+        df: DataFrame,
+        batch_id: u64,
+        event: Option<&EventTime>,
+    ) -> Result<DataFrame> {
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let shape = self.shape(schema, batch_id, event).await?;
+        let batches = collect_in_order(df, batch_id, KEY).await?;
+        let all = concat_batches(&shape.schema, &batches)
+            .map_err(|e| Error::datafusion(KEY, e.into()))?;
+        let (rows, starts) = self.expand(&all, &shape)?;
+        let partials = partials(ctx, &self.exprs, &all, rows, starts, &shape, batch_id).await?;
+        let updated = self.merge(&partials, &shape, batch_id)?;
+        let out = self.emit(updated, &shape)?;
+        output(
+            ctx,
+            &self.exprs,
+            out,
+            &shape,
+            &partials.slot_types,
+            self.op.store_path(),
+        )
+    }
+
+    /// Phase 1: the batch's columns, what leaves the state by the watermark, and the state's
+    /// metadata checked against this aggregation.
+    async fn shape<'e>(
+        &mut self,
+        schema: SchemaRef,
+        batch_id: u64,
+        event: Option<&'e EventTime>,
+    ) -> Result<Shape<'e>> {
+        let columns = self.spec.resolve(&schema, &self.exprs)?;
+        let event = match event {
+            Some(e) => e.index_in(&schema)?.map(|i| (e, i)),
+            None => None,
+        };
+        // Complete mode keeps every group and counts every row, late or not (Spark).
+        let event = event.filter(|_| self.spec.output_mode != OutputMode::Complete);
+        // Groups leave the state (and close, in append mode) by the watermark if it is on
+        // the window's column (by the window's end) or on a group column (by its value).
+        let expiry = match (&columns.window, event) {
+            (Some((w, size, ..)), Some((e, i))) if *w == i => Some((e, Expiry::WindowEnd(*size))),
+            (None, Some((e, i))) => columns
+                .groups
+                .iter()
+                .position(|g| *g == i)
+                .map(|pos| (e, Expiry::Group(pos))),
+            _ => None,
+        };
+        if self.spec.output_mode == OutputMode::Append && expiry.is_none() {
+            return Err(Error::config(KEY, APPEND_NEEDS));
+        }
+        let description = || {
+            serde_json::json!({
+            "groupBy": columns_json(&self.spec.group_by, &columns.families),
+            "window": self.spec.window.as_ref().map(|w| serde_json::json!({
+                "column": w.column, "sizeMs": w.size.as_millis() as u64,
+                "slideMs": w.slide.as_millis() as u64})),
+            "aggregates": self.exprs.iter().zip(&columns.inputs).map(|(e, t)| serde_json::json!({
+                "function": format!("{:?}", e.func).to_ascii_lowercase(),
+                "column": e.column,
+                "type": t.as_ref().and_then(family)})).collect::<Vec<_>>(),
+            // A state kept for one mode is not what another needs (update evicts windows
+            // complete would still show).
+            "outputMode": format!("{:?}", self.spec.output_mode).to_ascii_lowercase(),
+            })
+            .to_string()
+        };
+        self.op
+            .prepare(batch_id, OPERATOR_NAME, "aggregation", description, KEY)
+            .await?;
+        self.metrics = OperatorMetrics::new(OPERATOR_NAME);
+        Ok(Shape {
+            schema,
+            columns,
+            event,
+            expiry,
+        })
+    }
+
+    /// Phase 2: the rows of `all` to aggregate, one per (row, window), and each one's window
+    /// start; late rows are counted in `numRowsDroppedByWatermark` and left out.
+    fn expand(&mut self, all: &RecordBatch, shape: &Shape<'_>) -> Result<(Vec<u32>, Vec<i64>)> {
+        let window = &shape.columns.window;
+        let windowed_watermark = match shape.expiry {
+            Some((e, Expiry::WindowEnd(_))) => Some(e),
+            _ => None,
+        };
+        let mut rows: Vec<u32> = Vec::with_capacity(all.num_rows());
+        let mut starts: Vec<i64> = Vec::new();
+        let times = match (window, shape.event) {
+            (Some((i, ..)), _) => Some(watermark::micros(all.column(*i))?),
+            (None, Some((_, i))) => Some(watermark::micros(all.column(i))?),
+            (None, None) => None,
+        };
+        for row in 0..all.num_rows() {
+            let t = times.as_ref().and_then(|t| t[row]);
+            match (window, t) {
+                // Spark drops rows without an event time from windowed aggregations.
+                (Some(_), None) => {}
+                (Some((_, size, slide, _)), Some(t)) => {
+                    let mut start = t - t.rem_euclid(*slide);
+                    while start > t - size {
+                        let end = start + size;
+                        if windowed_watermark.is_some_and(|e| e.late(end)) {
+                            self.metrics.dropped_late += 1;
+                        } else {
+                            rows.push(row as u32);
+                            starts.push(start);
+                        }
+                        start -= slide;
+                    }
+                }
+                (None, t) => {
+                    if let (Some((e, _)), Some(t)) = (shape.event, t)
+                        && e.late(t)
+                    {
+                        self.metrics.dropped_late += 1;
+                        continue;
+                    }
+                    rows.push(row as u32);
+                }
+            }
+        }
+        Ok((rows, starts))
+    }
+
+    /// Phase 4: merges the partial results into the state; the keys it changed.
+    fn merge(
+        &mut self,
+        partials: &Partials,
+        shape: &Shape<'_>,
+        batch_id: u64,
+    ) -> Result<Vec<Vec<u8>>> {
+        let started = Instant::now();
+        let state_path = self.op.store_path();
+        let path = || state_path.clone();
+        let groups = shape.columns.groups.len();
+        let nkey = shape.key_len();
+        let slot_types = &partials.slot_types;
+        let mut updated: Vec<Vec<u8>> = Vec::new();
+        for b in &partials.batches {
+            for row in 0..b.num_rows() {
+                let mut key = Vec::new();
+                if shape.windowed() {
+                    encode_value(&mut key, b.column(groups), row);
+                }
+                for g in 0..groups {
+                    encode_value(&mut key, b.column(g), row);
+                }
+                let old = match self.op.store.get(&key) {
+                    Some(v) => {
+                        decode_slots(v, slot_types).map_err(|reason| Error::CorruptState {
+                            path: path(),
+                            reason,
+                        })?
+                    }
+                    None => slot_types
+                        .iter()
+                        .map(|t| ScalarValue::try_from(t).map_err(|e| Error::datafusion(KEY, e)))
+                        .collect::<Result<_>>()?,
+                };
+                let mut value = Vec::new();
+                let mut sketch = partials.sketches.get(&key).map(|v| v.iter());
+                for (s, (slot, old)) in partials.slots.iter().zip(old).enumerate() {
+                    let new = match partials.sources[s] {
+                        SlotSource::Partial(c) => {
+                            ScalarValue::try_from_array(b.column(nkey + c), row)
+                                .map_err(|e| Error::datafusion(KEY, e))?
+                        }
+                        SlotSource::Sketch(_) => ScalarValue::Binary(Some(
+                            sketch
+                                .as_mut()
+                                .and_then(|it| it.next())
+                                .cloned()
+                                .unwrap_or_else(|| vec![0; HLL_REGISTERS]),
+                        )),
+                    };
+                    let merged = merge(*slot, old, new)
+                        .map_err(|why| Error::config(KEY, format!("batch {batch_id}: {why}")))?;
+                    encode_scalar(&mut value, &merged).map_err(|e| Error::Internal { what: e })?;
+                }
+                self.op.store.put(key.clone(), value);
+                updated.push(key);
+            }
+        }
+        self.metrics.updated = updated.len() as u64;
+        self.metrics.update_ms = started.elapsed().as_millis() as u64;
+        Ok(updated)
+    }
+
+    /// Phase 5: the state entries the output mode passes on (sorted by window start, then by
+    /// the groups' bytes), after removing those the watermark closed.
+    fn emit(
+        &mut self,
+        updated: Vec<Vec<u8>>,
+        shape: &Shape<'_>,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let started = Instant::now();
+        let state_path = self.op.store_path();
+        let corrupt = |reason: String| Error::CorruptState {
+            path: state_path.clone(),
+            reason,
+        };
+        let group_types = shape.group_types();
+        let mut closed: Vec<Vec<u8>> = Vec::new();
+        if let Some((e, how)) = shape.expiry {
+            for (k, _) in self.op.store.iter() {
+                let time = match how {
+                    Expiry::WindowEnd(size) => {
+                        Some(window_start(k).map_err(corrupt)?.saturating_add(size))
+                    }
+                    Expiry::Group(pos) => {
+                        group_time(k, shape.windowed(), &group_types, pos).map_err(corrupt)?
+                    }
+                };
+                if time.is_some_and(|t| e.passed(t)) {
+                    closed.push(k.to_vec());
+                }
+            }
+        }
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = match self.spec.output_mode {
+            OutputMode::Append => closed
+                .iter()
+                .filter_map(|k| self.op.store.get(k).map(|v| (k.clone(), v.to_vec())))
+                .collect(),
+            OutputMode::Update => updated
+                .iter()
+                .filter_map(|k| self.op.store.get(k).map(|v| (k.clone(), v.to_vec())))
+                .collect(),
+            OutputMode::Complete => self
+                .op
+                .store
+                .iter()
+                .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                .collect(),
+        };
+        self.metrics.removed = closed.len() as u64;
+        for k in closed {
+            self.op.store.remove(k);
+        }
+        self.metrics.remove_ms = started.elapsed().as_millis() as u64;
+        // Rows in a stable order: by window start, then by the groups' bytes.
+        out.sort_by(|a, b| {
+            (window_start(&a.0).unwrap_or(0), &a.0).cmp(&(window_start(&b.0).unwrap_or(0), &b.0))
+        });
+        Ok(out)
+    }
+}
+
+/// Phase 3: the rows `rows` of `all` (with window starts `starts`) aggregated into partial
+/// results per group by DataFusion, and sketched for `approx_count_distinct`.
+async fn partials(
+    ctx: &SessionContext,
+    exprs: &[AggExpr],
+    all: &RecordBatch,
+    rows: Vec<u32>,
+    starts: Vec<i64>,
+    shape: &Shape<'_>,
+    batch_id: u64,
+) -> Result<Partials> {
+    let schema = &shape.schema;
+    let groups = &shape.columns.groups;
+    let idx = UInt32Array::from(rows);
+    let mut fields = Vec::new();
+    let mut cols: Vec<ArrayRef> = Vec::new();
+    let mut group_exprs = Vec::new();
+    for (n, g) in groups.iter().enumerate() {
+        let name = format!("__g{n}");
+        fields.push(Field::new(
+            &name,
+            schema.field(*g).data_type().clone(),
+            true,
+        ));
+        cols.push(take(all.column(*g), &idx, None).map_err(|e| Error::datafusion(KEY, e.into()))?);
+        group_exprs.push(ident(name));
+    }
+    if shape.windowed() {
+        fields.push(Field::new("__w", DataType::Int64, false));
+        cols.push(Arc::new(Int64Array::from(starts)));
+        group_exprs.push(ident("__w"));
+    }
+    let mut aggr_exprs: Vec<Expr> = Vec::new();
+    let mut slots = Vec::new();
+    // Per slot: the partial result's column, or the sketched input column.
+    let mut sources: Vec<SlotSource> = Vec::new();
+    for (n, e) in exprs.iter().enumerate() {
+        let arg = match &e.column {
+            Some(c) => {
+                let name = format!("__a{n}");
+                let i = schema
+                    .index_of(c)
+                    .map_err(|e| Error::datafusion(KEY, e.into()))?;
+                fields.push(Field::new(&name, schema.field(i).data_type().clone(), true));
+                cols.push(
+                    take(all.column(i), &idx, None)
+                        .map_err(|e| Error::datafusion(KEY, e.into()))?,
+                );
+                Some(ident(name))
+            }
+            None => None,
+        };
+        if e.func == Func::ApproxDistinct {
+            slots.push(Slot::Hll);
+            sources.push(SlotSource::Sketch(cols.len() - 1));
+            continue;
+        }
+        for (slot, expr) in e.partials(arg) {
+            sources.push(SlotSource::Partial(aggr_exprs.len()));
+            aggr_exprs.push(expr.alias(format!("__s{}", aggr_exprs.len())));
+            slots.push(slot);
+        }
+    }
+    let expanded = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
+        .map_err(|e| Error::datafusion(KEY, e.into()))?;
+    let sketches = sketch_rows(&expanded, groups.len(), shape.windowed(), &sources);
+    let partial = ctx
+        .read_batch(expanded)
+        .and_then(|d| d.aggregate(group_exprs, aggr_exprs))
+        .map_err(|e| Error::datafusion(format!("batch {batch_id}: {KEY}"), e))?;
+    let partial_schema = partial.schema().as_arrow().clone();
+    let slot_types: Vec<DataType> = sources
+        .iter()
+        .map(|s| match s {
+            SlotSource::Partial(c) => partial_schema
+                .field(shape.key_len() + c)
+                .data_type()
+                .clone(),
+            SlotSource::Sketch(_) => DataType::Binary,
+        })
+        .collect();
+    let batches = partial
+        .collect()
+        .await
+        .map_err(|e| Error::datafusion(format!("batch {batch_id}: {KEY}"), e))?;
+    Ok(Partials {
+        batches,
+        slots,
+        sources,
+        slot_types,
+        sketches,
+    })
+}
+
+/// Phase 6: the state entries `out` as the operator's output rows: the group columns, the
+/// window's start and end, then one column per aggregate.
+fn output(
+    ctx: &SessionContext,
+    exprs: &[AggExpr],
+    out: Vec<(Vec<u8>, Vec<u8>)>,
+    shape: &Shape<'_>,
+    slot_types: &[DataType],
+    state_path: String,
+) -> Result<DataFrame> {
+    let schema = &shape.schema;
+    let groups = &shape.columns.groups;
+    let group_types = shape.group_types();
+    let mut key_cols: Vec<Vec<ScalarValue>> =
+        vec![Vec::with_capacity(out.len()); group_types.len()];
+    let mut win_starts = Vec::with_capacity(out.len());
+    let mut slot_cols: Vec<Vec<ScalarValue>> =
+        vec![Vec::with_capacity(out.len()); slot_types.len()];
+    for (k, v) in &out {
+        let mut at = 0;
+        let corrupt = |reason: String| Error::CorruptState {
+            path: state_path.clone(),
+            reason,
+        };
+        if shape.windowed() {
+            let ScalarValue::Int64(Some(s)) =
+                decode_value(k, &mut at, &DataType::Int64).map_err(corrupt)?
+            else {
+                return Err(corrupt("a window start is NULL".into()));
+            };
+            win_starts.push(s);
+        }
+        for (g, t) in group_types.iter().enumerate() {
+            key_cols[g].push(decode_value(k, &mut at, t).map_err(corrupt)?);
+        }
+        for (s, v) in decode_slots(v, slot_types)
+            .map_err(corrupt)?
+            .into_iter()
+            .enumerate()
+        {
+            slot_cols[s].push(v);
+        }
+    }
+    let mut fields = Vec::new();
+    let mut cols: Vec<ArrayRef> = Vec::new();
+    for ((g, t), values) in groups.iter().zip(&group_types).zip(key_cols) {
+        fields.push(Field::new(schema.field(*g).name(), t.clone(), true));
+        cols.push(scalars_to_array(values, t)?);
+    }
+    if let Some((_, size, _, tz)) = &shape.columns.window {
+        let ts = DataType::Timestamp(TimeUnit::Microsecond, tz.clone());
+        fields.push(Field::new("window_start", ts.clone(), false));
+        fields.push(Field::new("window_end", ts, false));
+        let ends: Vec<i64> = win_starts.iter().map(|s| s.saturating_add(*size)).collect();
+        cols.push(Arc::new(
+            TimestampMicrosecondArray::from(win_starts).with_timezone_opt(tz.clone()),
+        ));
+        cols.push(Arc::new(
+            TimestampMicrosecondArray::from(ends).with_timezone_opt(tz.clone()),
+        ));
+    }
+    let mut slot_iter = slot_cols.into_iter().zip(slot_types);
+    for e in exprs {
+        let (values, t) = slot_iter.next().ok_or_else(|| Error::Internal {
+            what: "aggregate slots".into(),
+        })?;
+        let (array, dt) = if e.func == Func::ApproxDistinct {
+            let n: Vec<i64> = values
+                .iter()
+                .map(|v| match v {
+                    ScalarValue::Binary(Some(r)) => hll_estimate(r),
+                    _ => 0,
+                })
+                .collect();
+            (Arc::new(Int64Array::from(n)) as ArrayRef, DataType::Int64)
+        } else if e.func == Func::Avg {
+            let (counts, _) = slot_iter.next().ok_or_else(|| Error::Internal {
+                what: "aggregate slots".into(),
+            })?;
+            let avg: Vec<Option<f64>> = values
+                .iter()
+                .zip(&counts)
+                .map(|(s, c)| match (s, c) {
+                    (ScalarValue::Float64(Some(s)), ScalarValue::Int64(Some(c))) if *c > 0 => {
+                        Some(s / *c as f64)
+                    }
+                    _ => None,
+                })
+                .collect();
+            (
+                Arc::new(datafusion::arrow::array::Float64Array::from(avg)) as ArrayRef,
+                DataType::Float64,
+            )
+        } else {
+            (scalars_to_array(values, t)?, t.clone())
+        };
+        fields.push(Field::new(
+            &e.alias,
+            dt,
+            !matches!(e.func, Func::Count | Func::ApproxDistinct),
+        ));
+        cols.push(array);
+    }
+    let out_schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(out_schema.clone(), cols)
+        .map_err(|e| Error::datafusion(KEY, e.into()))?;
+    frame(ctx, out_schema, vec![vec![batch]], KEY)
+}
