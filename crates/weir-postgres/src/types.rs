@@ -113,7 +113,7 @@ fn timestamp_micros(col: &ArrayRef, unit: &TimeUnit) -> Result<Vec<Option<i64>>,
 
 /// A batch's columns, checked and ready for [`cell`].
 #[derive(Debug)]
-pub struct Prepared {
+pub struct CopyRows {
     cols: Vec<Col>,
     rows: usize,
 }
@@ -129,7 +129,7 @@ enum Col {
 pub fn prepare_columns(
     columns: &[ArrayRef],
     names: &[String],
-) -> Result<Prepared, (String, String)> {
+) -> Result<CopyRows, (String, String)> {
     let rows = columns.first().map_or(0, |c| c.len());
     let mut cols = Vec::with_capacity(columns.len());
     for (c, name) in columns.iter().zip(names) {
@@ -142,10 +142,10 @@ pub fn prepare_columns(
             dt => return Err((name.clone(), format!("type {dt} cannot be written"))),
         });
     }
-    Ok(Prepared { cols, rows })
+    Ok(CopyRows { cols, rows })
 }
 
-impl Prepared {
+impl CopyRows {
     /// The number of rows.
     pub fn rows(&self) -> usize {
         self.rows

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use weir_core::datafusion::prelude::DataFrame;
-use weir_core::engine::{QueryListener, StreamingQueryProgress};
+use weir_core::engine::{Phase, QueryListener, StreamingQueryProgress};
 use weir_core::sink::CACHE_DURATION_KEY;
 use weir_core::{
     BatchContext, DataStreamWriter, ForeachBatch, Location, ParquetSink, SinkMetric, Trigger,
@@ -33,11 +33,28 @@ use weir_postgres::{LoadMode, PostgresUpsert, tokio_postgres};
 
 use crate::generate::{GenArgs, generate, orders_schema};
 
+mod ceilings;
+use ceilings::{librdkafka_ceiling, postgres_floor};
+
+/// The scenarios of `weir bench` (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    All,
+    FixedCost,
+    Throughput,
+    DeltaMerge,
+    DeltaAppend,
+    PostgresCopy,
+    PostgresInsert,
+    Kafka,
+    Example,
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// fixed-cost, throughput, delta-merge, delta-append, or all.
-    #[arg(long, default_value = "all")]
-    pub scenario: String,
+    /// Which scenario to run.
+    #[arg(long, value_enum, default_value_t = Scenario::All)]
+    pub scenario: Scenario,
     /// Work folder (default: a new temp folder).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -173,9 +190,9 @@ async fn scenario(
         "batches": progress.len(),
         "seconds": (seconds * 1000.0).round() / 1000.0,
         "rows_per_sec": (rows as f64 / seconds).round(),
-        "median_trigger_execution_ms": median(progress.iter().map(|p| p.duration("triggerExecution")).collect()),
-        "median_add_batch_ms": median(progress.iter().map(|p| p.duration("addBatch")).collect()),
-        "median_get_batch_ms": median(progress.iter().map(|p| p.duration("getBatch")).collect()),
+        "median_trigger_execution_ms": median(progress.iter().map(|p| p.duration(Phase::TriggerExecution)).collect()),
+        "median_add_batch_ms": median(progress.iter().map(|p| p.duration(Phase::AddBatch)).collect()),
+        "median_get_batch_ms": median(progress.iter().map(|p| p.duration(Phase::GetBatch)).collect()),
         "peak_rss_mb": peak_rss_mb(),
     });
     println!("{line}");
@@ -202,13 +219,12 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     };
     std::fs::create_dir_all(&work)?;
     let s = args.scale_down.max(1);
-    let all = args.scenario == "all";
-    let mut ran = false;
-    if all || args.scenario == "fixed-cost" {
+    let all = args.scenario == Scenario::All;
+    let runs = |s: Scenario| all || args.scenario == s;
+    if runs(Scenario::FixedCost) {
         scenario("fixed-cost", &work, 50, 10, 100, 1, Sink::Parquet).await?;
-        ran = true;
     }
-    if all || args.scenario == "throughput" {
+    if runs(Scenario::Throughput) {
         scenario(
             "throughput",
             &work,
@@ -219,9 +235,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             Sink::Parquet,
         )
         .await?;
-        ran = true;
     }
-    if all || args.scenario == "delta-merge" {
+    if runs(Scenario::DeltaMerge) {
         scenario(
             "delta-merge",
             &work,
@@ -232,9 +247,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             Sink::Merge,
         )
         .await?;
-        ran = true;
     }
-    if all || args.scenario == "delta-append" {
+    if runs(Scenario::DeltaAppend) {
         scenario(
             "delta-append",
             &work,
@@ -245,13 +259,16 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             Sink::Append,
         )
         .await?;
-        ran = true;
     }
-    for (name, mode) in [
-        ("postgres-copy", LoadMode::Copy),
-        ("postgres-insert", LoadMode::Insert),
+    for (name, which, mode) in [
+        ("postgres-copy", Scenario::PostgresCopy, LoadMode::Copy),
+        (
+            "postgres-insert",
+            Scenario::PostgresInsert,
+            LoadMode::Insert,
+        ),
     ] {
-        if all || args.scenario == name {
+        if runs(which) {
             match &args.postgres {
                 Some(url) => {
                     let sink = Sink::Postgres(url.clone(), mode);
@@ -260,31 +277,21 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 None if all => eprintln!("{name}: skipped (give --postgres URL)"),
                 None => bail!("{name} needs --postgres URL"),
             }
-            ran = true;
         }
     }
-    if all || args.scenario == "example" {
+    if runs(Scenario::Example) {
         match (&args.kafka, &args.postgres) {
             (Some(b), Some(url)) => example_scenario(&work, b, url, 1_000_000 / s).await?,
             _ if all => eprintln!("example: skipped (give --kafka BROKERS and --postgres URL)"),
             _ => bail!("example needs --kafka BROKERS and --postgres URL"),
         }
-        ran = true;
     }
-    if all || args.scenario == "kafka" {
+    if runs(Scenario::Kafka) {
         match &args.kafka {
             Some(b) => kafka_scenario(b, 600_000 / s).await?,
             None if all => eprintln!("kafka: skipped (give --kafka BROKERS)"),
             None => bail!("kafka needs --kafka BROKERS"),
         }
-        ran = true;
-    }
-    if !ran {
-        bail!(
-            "unknown scenario '{}': use fixed-cost, throughput, delta-merge, delta-append, \
-             postgres-copy, postgres-insert, kafka, example or all",
-            args.scenario
-        );
     }
     if args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&work);
@@ -337,12 +344,17 @@ async fn kafka_scenario(bootstrap: &str, n: usize) -> Result<()> {
             weir_kafka::delete_topic(bootstrap, &topic).await?;
             bail!("kafka: read {rows} records, produced {n}");
         }
-        let get_ms: u64 = progress.iter().map(|p| p.duration("getBatch")).sum();
+        let get_ms: u64 = progress.iter().map(|p| p.duration(Phase::GetBatch)).sum();
         runs.push(KafkaRun {
             seconds,
             batches: progress.len(),
             read_and_parse: rows as f64 / (get_ms.max(1) as f64 / 1000.0),
-            median_get_batch_ms: median(progress.iter().map(|p| p.duration("getBatch")).collect()),
+            median_get_batch_ms: median(
+                progress
+                    .iter()
+                    .map(|p| p.duration(Phase::GetBatch))
+                    .collect(),
+            ),
         });
         ceilings.push(librdkafka_ceiling(bootstrap, &topic, 3, n)?);
     }
@@ -475,7 +487,7 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
     }
     let busy: u64 = progress
         .iter()
-        .map(|p| p.duration("triggerExecution"))
+        .map(|p| p.duration(Phase::TriggerExecution))
         .sum();
     let mut duration_ms = serde_json::Map::new();
     for key in weir_core::engine::DURATION_PHASES {
@@ -505,7 +517,7 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
     let trigger_ms = median(
         progress
             .iter()
-            .map(|p| p.duration("triggerExecution"))
+            .map(|p| p.duration(Phase::TriggerExecution))
             .collect(),
     );
     println!(
@@ -540,171 +552,4 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
         })
     );
     Ok(())
-}
-
-/// PostgreSQL's own floor for the example's database work, measured with `psql` (no weir
-/// code on the path): the input lines cut into batches of `batch_rows` in order (the Kafka
-/// batches hold the same lines: round-robin partitions, proportional limits), newest row per
-/// `order_id` in each (as the example's transform), then per batch: `\copy` into an unlogged
-/// staging table, and in one transaction a ledger row, `INSERT .. ON CONFLICT .. WHERE
-/// t.updated_at < EXCLUDED.updated_at` from staging in key order, and clearing the staging
-/// rows. Returns each batch's time as the sum of psql's `\timing` figures (ms).
-fn postgres_floor(dir: &Path, files: &[PathBuf], batch_rows: usize, url: &str) -> Result<Vec<f64>> {
-    use std::collections::HashMap;
-    use std::io::Write;
-    type Row = (Option<String>, Option<String>, Option<f64>);
-    let floor = dir.join("floor");
-    std::fs::create_dir_all(&floor)?;
-    let mut script = String::from(
-        "\\set ON_ERROR_STOP on\n\
-         DROP TABLE IF EXISTS weir_floor_orders, weir_floor_staging, weir_floor_ledger;\n\
-         CREATE TABLE weir_floor_orders (order_id bigint PRIMARY KEY, status text, amount float8, updated_at timestamptz);\n\
-         CREATE UNLOGGED TABLE weir_floor_staging (order_id bigint, status text, amount float8, updated_at timestamptz);\n\
-         CREATE TABLE weir_floor_ledger (app_id text, batch_id bigint, PRIMARY KEY (app_id, batch_id));\n\
-         \\timing on\n",
-    );
-    let mut batch: HashMap<i64, Row> = HashMap::new();
-    let mut in_batch = 0;
-    let mut written = 0;
-    let mut flush = |batch: &mut HashMap<i64, Row>, script: &mut String| -> Result<()> {
-        let path = floor.join(format!("batch-{written}.csv"));
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
-        let mut keys: Vec<&i64> = batch.keys().collect();
-        keys.sort_unstable();
-        for k in keys {
-            let (t, s, a) = &batch[k];
-            let a = a.map(|a| a.to_string()).unwrap_or_default();
-            writeln!(
-                out,
-                "{k},{},{a},{}",
-                s.as_deref().unwrap_or(""),
-                t.as_deref().unwrap_or("")
-            )?;
-        }
-        out.flush()?;
-        script.push_str(&format!(
-            "\\echo BATCH\n\\copy weir_floor_staging FROM '{}' WITH (FORMAT csv)\n\
-             BEGIN;\n\
-             INSERT INTO weir_floor_ledger VALUES ('floor', {written});\n\
-             INSERT INTO weir_floor_orders AS t SELECT * FROM weir_floor_staging ORDER BY order_id \
-             ON CONFLICT (order_id) DO UPDATE SET status = EXCLUDED.status, amount = EXCLUDED.amount, \
-             updated_at = EXCLUDED.updated_at WHERE t.updated_at < EXCLUDED.updated_at;\n\
-             DELETE FROM weir_floor_staging;\n\
-             COMMIT;\n",
-            path.display()
-        ));
-        batch.clear();
-        written += 1;
-        Ok(())
-    };
-    for f in files {
-        for line in std::fs::read_to_string(f)?.lines() {
-            let v: serde_json::Value = serde_json::from_str(line)?;
-            let Some(k) = v["order_id"].as_i64() else {
-                bail!("floor: a line without order_id in {}", f.display());
-            };
-            let row: Row = (
-                v["updated_at"].as_str().map(str::to_string),
-                v["status"].as_str().map(str::to_string),
-                v["amount"].as_f64(),
-            );
-            // Newest per key: updated_at, then status, then amount, NULL lowest (None < Some).
-            let newer = batch.get(&k).is_none_or(|old| {
-                (&row.0, &row.1)
-                    .cmp(&(&old.0, &old.1))
-                    .then(
-                        row.2
-                            .partial_cmp(&old.2)
-                            .unwrap_or(std::cmp::Ordering::Equal),
-                    )
-                    .is_gt()
-            });
-            if newer {
-                batch.insert(k, row);
-            }
-            in_batch += 1;
-            if in_batch == batch_rows {
-                flush(&mut batch, &mut script)?;
-                in_batch = 0;
-            }
-        }
-    }
-    if in_batch > 0 {
-        flush(&mut batch, &mut script)?;
-    }
-    script.push_str(
-        "\\timing off\nDROP TABLE weir_floor_orders, weir_floor_staging, weir_floor_ledger;\n",
-    );
-    let out = std::process::Command::new("psql")
-        .args(["-X", "-q", "-d", url])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            if let Some(mut stdin) = child.stdin.take() {
-                stdin.write_all(script.as_bytes())?;
-            }
-            child.wait_with_output()
-        })
-        .map_err(|e| anyhow::anyhow!("running psql for the PostgreSQL floor: {e}"))?;
-    if !out.status.success() {
-        bail!(
-            "psql failed measuring the PostgreSQL floor: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let mut per_batch: Vec<f64> = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if line == "BATCH" {
-            per_batch.push(0.0);
-        } else if let Some(ms) = line
-            .strip_prefix("Time: ")
-            .and_then(|t| t.split_whitespace().next())
-            .and_then(|t| t.parse::<f64>().ok())
-            && let Some(last) = per_batch.last_mut()
-        {
-            *last += ms;
-        }
-    }
-    let _ = std::fs::remove_dir_all(&floor);
-    Ok(per_batch)
-}
-
-/// What librdkafka itself reaches against the broker: a new consumer assigned to every
-/// partition from offset 0, polling until `n` records came, touching each payload's length
-/// and nothing more (no copy, no parse). Records/s.
-fn librdkafka_ceiling(bootstrap: &str, topic: &str, partitions: i32, n: usize) -> Result<f64> {
-    use weir_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
-    use weir_kafka::rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set(
-            "group.id",
-            format!("weir-bench-ceiling-{}", std::process::id()),
-        )
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .set("receive.message.max.bytes", "2147483647")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    let started = Instant::now();
-    c.assign(&tpl)?;
-    let (mut got, mut bytes) = (0usize, 0usize);
-    while got < n {
-        match c.poll(std::time::Duration::from_secs(10)) {
-            Some(Ok(m)) => {
-                bytes += m.payload().map_or(0, <[u8]>::len);
-                got += 1;
-            }
-            Some(Err(e)) => bail!("consume-only loop: {e}"),
-            None => bail!("consume-only loop: nothing for 10 s after {got} of {n} records"),
-        }
-    }
-    let secs = started.elapsed().as_secs_f64();
-    tracing::debug!("consume-only loop: {got} records, {bytes} bytes in {secs:.3} s");
-    Ok(got as f64 / secs)
 }

@@ -141,7 +141,7 @@ pub fn json_checked(
     joined: &[u8],
     mode: BadRecordMode,
 ) -> Result<Decoded, Malformed> {
-    if let Some(b) = super::flat::decode(&parse_schema(schema), records) {
+    if let Some(b) = super::flat_json::decode(&parse_schema(schema), records) {
         let batch =
             with_corrupt(b, schema, mode, None).map_err(|reason| Malformed { index: 0, reason })?;
         return Ok(Decoded {

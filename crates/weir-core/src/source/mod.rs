@@ -7,7 +7,7 @@
 
 pub mod decode;
 pub mod file;
-pub mod flat;
+pub mod flat_json;
 pub mod memory;
 pub mod rate;
 pub mod validate;

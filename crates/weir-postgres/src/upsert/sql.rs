@@ -1,0 +1,79 @@
+//! The SQL text of an upsert: column definitions, the guarded `INSERT .. ON CONFLICT`, and
+//! the filter that keeps only rows newer than the table's.
+
+use super::{Columns, PostgresUpsert};
+use weir_core::sink::upsert::order_columns;
+
+use crate::{quote_ident, quote_list};
+
+impl PostgresUpsert {
+    pub(super) fn column_defs(cols: &Columns) -> String {
+        cols.names
+            .iter()
+            .zip(&cols.sql_types)
+            .map(|(n, t)| format!("{} {t}", quote_ident(n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `INSERT INTO target AS t (...) SELECT ... FROM <from> [WHERE ..] ON CONFLICT ...`.
+    pub(super) fn upsert_sql(&self, cols: &Columns, from: &str, filter: &str) -> String {
+        let list = quote_list(&cols.names);
+        let keys = quote_list(&self.keys);
+        let updates: Vec<String> = cols
+            .names
+            .iter()
+            .filter(|n| !self.keys.contains(n))
+            .map(|n| format!("{0} = EXCLUDED.{0}", quote_ident(n)))
+            .collect();
+        let action = if updates.is_empty() {
+            "DO NOTHING".to_string()
+        } else {
+            format!(
+                "DO UPDATE SET {} WHERE {}",
+                updates.join(", "),
+                self.newer_sql(cols)
+            )
+        };
+        // In key order the primary-key index is walked page after page instead of at random:
+        // about 30% less time for 220k rows into 500k in PG 15 (see the closing note of #6).
+        format!(
+            "INSERT INTO {} AS t ({list}) SELECT {list} FROM {from}{filter} ORDER BY {keys} \
+             ON CONFLICT ({keys}) {action}",
+            quote_ident(&self.table)
+        )
+    }
+
+    /// `EXCLUDED` (the incoming row) is greater than `t` (the stored one) in the total
+    /// order of `weir_core::sink::upsert`: the ordering column, then the other non-key
+    /// columns, NULL lowest, text in byte order (`COLLATE "C"`, as Arrow compares).
+    pub(super) fn newer_sql(&self, cols: &Columns) -> String {
+        let order = order_columns(&cols.names, &self.keys, &self.ordering);
+        let side = |alias: &str, c: &str| {
+            let text = cols
+                .names
+                .iter()
+                .position(|n| n == c)
+                .is_some_and(|i| cols.text[i]);
+            let q = format!("{alias}.{}", quote_ident(c));
+            if text {
+                format!("{q} COLLATE \"C\"")
+            } else {
+                q
+            }
+        };
+        let mut expr: Option<String> = None;
+        for c in order.iter().rev() {
+            let (s, t) = (side("EXCLUDED", c), side("t", c));
+            let q = quote_ident(c);
+            let gt = format!("(EXCLUDED.{q} IS NOT NULL AND (t.{q} IS NULL OR {s} > {t}))");
+            expr = Some(match expr {
+                None => gt,
+                Some(rest) => {
+                    format!("({gt} OR (EXCLUDED.{q} IS NOT DISTINCT FROM t.{q} AND {rest}))")
+                }
+            });
+        }
+        expr.unwrap_or_else(|| "false".into())
+    }
+}
