@@ -4,20 +4,19 @@ mod rows;
 mod sql;
 
 use async_trait::async_trait;
-use futures::pin_mut;
-use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, CopyInSink};
+use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::{BatchContext, BoxError, ForeachBatch, dedupe_latest, fault};
 
-use weir_core::sink::upsert::{apply_null_rules, order_columns};
+use weir_core::sink::upsert::apply_null_rules;
 use weir_core::{NullKeys, NullOrdering, SinkMetric};
 
 use crate::error::PostgresSinkError;
 use crate::ledger::{Claim, Conn, claim};
-use crate::types::{COPY_HEADER, COPY_TRAILER, Cell, is_text, pg_type, prepare_columns};
+use crate::types::{Cell, is_text, pg_type, prepare_columns};
 use crate::{
     POINT_AFTER_COMMIT, POINT_AFTER_COPY, POINT_AFTER_STAGING, POINT_BEFORE_BEGIN,
     POINT_BEFORE_COMMIT, quote_ident, quote_list,

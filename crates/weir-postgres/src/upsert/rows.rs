@@ -6,8 +6,7 @@ use tokio_postgres::{Client, CopyInSink};
 
 use super::{COPY_CHUNK, Columns, PostgresUpsert};
 use crate::error::PostgresSinkError;
-use crate::types::{COPY_HEADER, COPY_TRAILER, Cell, is_text};
-use crate::{quote_ident, quote_list};
+use crate::types::{COPY_HEADER, COPY_TRAILER, Cell};
 
 impl PostgresUpsert {
     /// Streams `batches` as binary COPY data into `sink`, encoded a chunk at a time (each
