@@ -130,17 +130,20 @@ pub(super) struct Steps {
     /// The plan of a query whose only transform is SQL, kept from batch to batch when it
     /// may be (see `engine::kept_plan`).
     sql_plan: Mutex<SqlPlan>,
+    /// The watermark's column and delay in ms, if the query has one.
+    watermark: Option<(String, i64)>,
+    /// The query has a watermark and an operator that drops state when it passes.
+    evicts_by_watermark: bool,
 }
 
 impl Steps {
     /// The steps of a query whose state lives under `state_root`, each stateful operator
-    /// checked against what its state folder recorded. Also the watermark's column and delay
-    /// in ms, if the query has one.
+    /// checked against what its state folder recorded.
     pub(super) async fn open(
         transforms: Vec<Transform>,
         state_root: &Location,
         retain: u64,
-    ) -> Result<(Steps, Option<(String, i64)>)> {
+    ) -> Result<Steps> {
         let conf = StateConf::new(10, retain)?;
         let mut stateful = Vec::new();
         let mut watermark = None;
@@ -159,17 +162,25 @@ impl Steps {
         for (i, op) in stateful.iter().enumerate() {
             op.check_place(i as u32, state_root).await?;
         }
-        let steps = Steps {
+        let evicts_by_watermark = watermark.is_some() && stateful.iter().any(Operator::evicts);
+        Ok(Steps {
             transforms,
             stateful: Mutex::new(stateful),
             sql_plan: Mutex::new(SqlPlan::default()),
-        };
-        Ok((steps, watermark))
+            watermark,
+            evicts_by_watermark,
+        })
     }
 
-    /// Whether a stateful operator drops state when the watermark passes it.
-    pub(super) async fn evicts(&self) -> bool {
-        self.stateful.lock().await.iter().any(Operator::evicts)
+    /// The watermark's column and delay in ms, if the query has one.
+    pub(super) fn watermark(&self) -> Option<&(String, i64)> {
+        self.watermark.as_ref()
+    }
+
+    /// Whether the query has a watermark and a stateful operator that drops state when the
+    /// watermark passes it (so a batch without new rows can still have work to do).
+    pub(super) fn evicts_by_watermark(&self) -> bool {
+        self.evicts_by_watermark
     }
 
     /// The function's input for batch `batch_id`'s rows `table`, and the event times seen.

@@ -103,22 +103,16 @@ impl AsRef<str> for Phase {
     }
 }
 
-impl std::fmt::Display for Phase {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The `durationMs` keys of a report, in the order a batch passes them (Spark's names).
-pub const DURATION_PHASES: [&str; 7] = [
-    Phase::LatestOffset.as_str(),
-    Phase::WalCommit.as_str(),
-    Phase::GetBatch.as_str(),
-    Phase::QueryPlanning.as_str(),
-    Phase::AddBatch.as_str(),
-    Phase::CommitOffsets.as_str(),
-    Phase::TriggerExecution.as_str(),
-];
+pub const DURATION_PHASES: [&str; 7] = {
+    let mut keys = [""; 7];
+    let mut i = 0;
+    while i < keys.len() {
+        keys[i] = Phase::ALL[i].as_str();
+        i += 1;
+    }
+    keys
+};
 
 /// The phase durations of one batch, in ms, as the loop measures them.
 #[derive(Debug, Default, Clone)]

@@ -37,7 +37,7 @@ use super::progress::{BehindDetector, Durations, Phase, QueryIdle, QueryListener
 use super::query::Shared;
 use super::report::{self, Range, Timing};
 use super::stateful::EventTime;
-use super::step::{Cursor, Position, Source as Asked, Step, next_step, reads_ahead};
+use super::step::{Answer, Cursor, Position, Step, next_step, reads_ahead};
 use super::transform::Transform;
 use super::trigger::{Trigger, next_tick};
 use crate::checkpoint::{Checkpoint, CommitMetadata, OffsetSeq, OffsetSeqMetadata, StartPoint};
@@ -68,10 +68,8 @@ pub(crate) struct QuerySpec {
 pub(crate) struct Runner {
     spec: QuerySpec,
     shared: Arc<Shared>,
-    /// The query's steps and their state.
+    /// The query's steps, their state and the watermark.
     steps: Steps,
-    /// The watermark's column and delay in ms, if the query has one.
-    watermark: Option<(String, i64)>,
     /// The next batch, being read while the current one's function runs.
     ahead: Mutex<Option<JoinHandle<Result<Option<Ahead>>>>>,
     /// The end of a committed batch the source has not been told of yet (it is told once
@@ -107,13 +105,11 @@ impl Runner {
     /// The loop for `spec`, its steps opened on the checkpoint's state.
     pub(crate) async fn open(mut spec: QuerySpec, shared: Arc<Shared>) -> Result<Runner> {
         let transforms = std::mem::take(&mut spec.transforms);
-        let (steps, watermark) =
-            Steps::open(transforms, &spec.checkpoint.state_root(), spec.retain).await?;
+        let steps = Steps::open(transforms, &spec.checkpoint.state_root(), spec.retain).await?;
         Ok(Runner {
             spec,
             shared,
             steps,
-            watermark,
             ahead: Mutex::new(None),
             untold: Mutex::new(None),
         })
@@ -237,40 +233,25 @@ impl Runner {
                 ran_a_batch,
                 replay_pending: at.pending.is_some(),
                 read_ahead: ahead.is_some(),
-                source: Asked::NotAsked,
+                source: Answer::NotAsked,
                 watermark_moved: at.watermark_ms > at.last_watermark_ms,
-                evicts_state: self.watermark.is_some() && self.steps.evicts().await,
+                evicts_state: self.steps.evicts_by_watermark(),
                 has_start: at.start.is_some(),
             };
             let trigger = self.spec.trigger;
+            let id = at.next_id;
+            let missing = |what: &str| Error::Internal {
+                what: format!("batch {id}: the loop's step needs {what}"),
+            };
             // The rows, when they were read ahead.
             let mut read = None;
-            let mut step = next_step(&cursor, &trigger);
-            let mut planned = None;
-            if step == Step::Plan {
-                planned = self
-                    .plan(
-                        at.next_id,
-                        at.start.as_ref(),
-                        at.watermark_ms,
-                        &mut durations,
-                    )
-                    .instrument(self.batch_span(at.next_id))
-                    .await?;
-                if planned.is_none() {
-                    cursor.source = Asked::NoNewData;
-                    step = next_step(&cursor, &trigger);
-                    if step == Step::Unfinished && self.spec.source.reached_available_now().await? {
-                        cursor.source = Asked::Drained;
-                        step = next_step(&cursor, &trigger);
-                    }
-                }
-            }
-            let planned = match (step, planned, at.pending.take(), ahead) {
-                (_, Some(p), _, _) => p,
-                (Step::Stop, ..) => return Ok(()),
-                (Step::Replay, _, Some(seq), _) => {
-                    let id = at.next_id;
+            let planned = match next_step(&cursor, &trigger) {
+                Step::Stop => return Ok(()),
+                Step::Replay => {
+                    let seq = at
+                        .pending
+                        .take()
+                        .ok_or_else(|| missing("a pending batch"))?;
                     let end = seq.source(0, &self.spec.checkpoint.offsets_name(id))?;
                     tracing::info!(query = %self.shared.name, batch = id, "running batch {id} again with its recorded offsets {end}");
                     Planned {
@@ -282,53 +263,71 @@ impl Runner {
                     }
                 }
                 // Read while the batch before ran: only the wait for it is this batch's.
-                (Step::ReadAhead, _, _, Some((a, waited))) => {
+                Step::ReadAhead => {
+                    let (a, waited) = ahead.ok_or_else(|| missing("rows read ahead"))?;
                     durations.set(Phase::LatestOffset, 0);
                     durations.set(Phase::GetBatch, waited);
                     read = Some(a.rows);
-                    self.record(at.next_id, a.end, a.latest, at.watermark_ms, &mut durations)
-                        .instrument(self.batch_span(at.next_id))
+                    self.record(id, a.end, a.latest, at.watermark_ms, &mut durations)
+                        .instrument(self.batch_span(id))
                         .await?
                 }
-                (Step::NoData, _, _, _) if let Some(s) = &at.start => {
-                    self.plan_no_data(at.next_id, s, at.watermark_ms, &mut durations)
-                        .instrument(self.batch_span(at.next_id))
-                        .await?
-                }
-                (Step::Unfinished, ..) => return Err(self.unfinished(at.next_id, &at.start)),
-                (Step::Idle, ..) => {
-                    if !idle_reported {
-                        idle_reported = true;
-                        for l in &self.spec.listeners {
-                            l.on_query_idle(&QueryIdle {
-                                id: self.shared.id,
-                                run_id: self.shared.run_id,
-                                next_batch_id: at.next_id,
-                            });
+                Step::Plan => {
+                    let planned = self
+                        .plan(id, at.start.as_ref(), at.watermark_ms, &mut durations)
+                        .instrument(self.batch_span(id))
+                        .await?;
+                    if let Some(p) = planned {
+                        p
+                    } else {
+                        cursor.source = Answer::NoNewData;
+                        let mut step = next_step(&cursor, &trigger);
+                        if step == Step::Unfinished
+                            && self.spec.source.reached_available_now().await?
+                        {
+                            cursor.source = Answer::Drained;
+                            step = next_step(&cursor, &trigger);
+                        }
+                        match step {
+                            Step::NoData => {
+                                let start = at.start.as_ref().ok_or_else(|| missing("a start"))?;
+                                self.plan_no_data(id, start, at.watermark_ms, &mut durations)
+                                    .instrument(self.batch_span(id))
+                                    .await?
+                            }
+                            Step::Stop => return Ok(()),
+                            Step::Unfinished => return Err(self.unfinished(id, &at.start)),
+                            Step::Idle => {
+                                if !idle_reported {
+                                    idle_reported = true;
+                                    for l in &self.spec.listeners {
+                                        l.on_query_idle(&QueryIdle {
+                                            id: self.shared.id,
+                                            run_id: self.shared.run_id,
+                                            next_batch_id: id,
+                                        });
+                                    }
+                                }
+                                let wake = if interval == 0 {
+                                    trigger_start + self.spec.no_data_delay
+                                } else {
+                                    let now = (trigger_start - origin).as_millis() as u64;
+                                    origin + ms(next_tick(0, now, interval))
+                                };
+                                wait_until(wake, &mut stop).await;
+                                continue;
+                            }
+                            other => return Err(missing(&format!("new data ({other:?})"))),
                         }
                     }
-                    let wake = if interval == 0 {
-                        trigger_start + self.spec.no_data_delay
-                    } else {
-                        origin
-                            + ms(next_tick(
-                                0,
-                                (trigger_start - origin).as_millis() as u64,
-                                interval,
-                            ))
-                    };
-                    wait_until(wake, &mut stop).await;
-                    continue;
                 }
-                (step, ..) => {
-                    return Err(Error::Internal {
-                        what: format!("batch {}: step {step:?} without what it needs", at.next_id),
-                    });
+                // Only an answer of the source leads to these.
+                other @ (Step::NoData | Step::Idle | Step::Unfinished) => {
+                    return Err(missing(&format!("an answer of the source ({other:?})")));
                 }
             };
             idle_reported = false;
             ran_a_batch = true;
-            let id = planned.id;
             let Ran {
                 rows,
                 metrics,
@@ -530,7 +529,7 @@ impl Runner {
         } = read;
 
         let t = Instant::now();
-        let event = self.watermark.as_ref().map(|(column, delay_ms)| EventTime {
+        let event = self.steps.watermark().map(|(column, delay_ms)| EventTime {
             column: column.clone(),
             delay_ms: *delay_ms,
             watermark_ms: p.metadata.batch_watermark_ms,

@@ -3,7 +3,7 @@
 //! The loop (`engine::runner`) gathers what it knows into a [`Cursor`] and acts on the
 //! [`Step`] it gets; all I/O (asking the source, writing the logs, waiting) stays in the
 //! loop. It asks twice when the source may have new data: first with the source not asked
-//! ([`Source::NotAsked`]: replay, read-ahead or plan), then, if planning found nothing, with
+//! ([`Answer::NotAsked`]: replay, read-ahead or plan), then, if planning found nothing, with
 //! the source's answer (no-data batch, idle, stop, or an error for an available-now query
 //! that cannot finish). [`Position`] is where the loop stands between batches.
 
@@ -14,7 +14,7 @@ use crate::source::SourceOffset;
 
 /// What the source said when it was asked for new data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Source {
+pub(crate) enum Answer {
     /// Not asked yet for this batch.
     NotAsked,
     /// Nothing past the last batch's end.
@@ -36,7 +36,7 @@ pub(crate) struct Cursor {
     /// The rows after the last batch's end were read while that batch ran.
     pub read_ahead: bool,
     /// The source's answer to "anything new?" for this batch.
-    pub source: Source,
+    pub source: Answer,
     /// The watermark moved past the one the last batch ran with.
     pub watermark_moved: bool,
     /// The query has a watermark and a stateful operator that evicts by it.
@@ -89,9 +89,9 @@ pub(crate) fn next_step(cursor: &Cursor, trigger: &Trigger) -> Step {
         return Step::Replay;
     }
     match cursor.source {
-        Source::NotAsked if cursor.read_ahead => Step::ReadAhead,
-        Source::NotAsked => Step::Plan,
-        Source::NoNewData | Source::Drained => {
+        Answer::NotAsked if cursor.read_ahead => Step::ReadAhead,
+        Answer::NotAsked => Step::Plan,
+        Answer::NoNewData | Answer::Drained => {
             if *trigger != Trigger::Once
                 && cursor.watermark_moved
                 && cursor.evicts_state
@@ -101,7 +101,7 @@ pub(crate) fn next_step(cursor: &Cursor, trigger: &Trigger) -> Step {
             }
             match (trigger, cursor.source) {
                 (Trigger::Once, _) => Step::Stop,
-                (Trigger::AvailableNow, Source::Drained) => Step::Stop,
+                (Trigger::AvailableNow, Answer::Drained) => Step::Stop,
                 (Trigger::AvailableNow, _) => Step::Unfinished,
                 _ => Step::Idle,
             }
@@ -182,7 +182,7 @@ mod tests {
         ran_a_batch: false,
         replay_pending: false,
         read_ahead: false,
-        source: Source::NotAsked,
+        source: Answer::NotAsked,
         watermark_moved: false,
         evicts_state: false,
         has_start: true,
@@ -267,18 +267,18 @@ mod tests {
             ),
             (
                 "no new data",
-                with(|c| c.source = Source::NoNewData),
+                with(|c| c.source = Answer::NoNewData),
                 [Stop, Unfinished, Idle, Idle],
             ),
             (
                 "no new data and everything read",
-                with(|c| c.source = Source::Drained),
+                with(|c| c.source = Answer::Drained),
                 [Stop, Stop, Idle, Idle],
             ),
             (
                 "the watermark moved over evicting state",
                 with(|c| {
-                    c.source = Source::NoNewData;
+                    c.source = Answer::NoNewData;
                     c.watermark_moved = true;
                     c.evicts_state = true;
                 }),
@@ -287,7 +287,7 @@ mod tests {
             (
                 "the watermark moved over evicting state, everything read",
                 with(|c| {
-                    c.source = Source::Drained;
+                    c.source = Answer::Drained;
                     c.watermark_moved = true;
                     c.evicts_state = true;
                 }),
@@ -296,7 +296,7 @@ mod tests {
             (
                 "the watermark moved but no state evicts by it",
                 with(|c| {
-                    c.source = Source::Drained;
+                    c.source = Answer::Drained;
                     c.watermark_moved = true;
                 }),
                 [Stop, Stop, Idle, Idle],
@@ -304,7 +304,7 @@ mod tests {
             (
                 "evicting state but the watermark stayed",
                 with(|c| {
-                    c.source = Source::NoNewData;
+                    c.source = Answer::NoNewData;
                     c.evicts_state = true;
                 }),
                 [Stop, Unfinished, Idle, Idle],
@@ -312,7 +312,7 @@ mod tests {
             (
                 "no batch committed yet: no range for a no-data batch",
                 with(|c| {
-                    c.source = Source::NoNewData;
+                    c.source = Answer::NoNewData;
                     c.watermark_moved = true;
                     c.evicts_state = true;
                     c.has_start = false;
@@ -322,7 +322,7 @@ mod tests {
             (
                 "rows read ahead are not looked at once the source answered",
                 with(|c| {
-                    c.source = Source::NoNewData;
+                    c.source = Answer::NoNewData;
                     c.read_ahead = true;
                 }),
                 [Stop, Unfinished, Idle, Idle],
