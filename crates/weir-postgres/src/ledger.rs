@@ -81,8 +81,8 @@ pub(crate) enum Claim {
 }
 
 impl Claim {
-    /// What the sink does with batch `batch_id` after this answer (not `New`): skip a
-    /// replay of a batch that landed, refuse a record that cannot be this query's.
+    /// What the sink does with batch `batch_id` after this answer: write it (claimed), skip
+    /// a replay of a batch that landed, or refuse a record that cannot be this query's.
     pub(crate) fn decide(self, batch_id: u64, is_replay: bool) -> Recorded {
         let recorded = match self {
             Claim::New => return Recorded::Write,

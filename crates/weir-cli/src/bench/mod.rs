@@ -50,6 +50,15 @@ pub enum Scenario {
     Example,
 }
 
+impl Scenario {
+    /// The name `--scenario` takes.
+    fn name(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_string())
+    }
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Which scenario to run.
@@ -260,19 +269,25 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         )
         .await?;
     }
-    for (name, which, mode) in [
-        ("postgres-copy", Scenario::PostgresCopy, LoadMode::Copy),
-        (
-            "postgres-insert",
-            Scenario::PostgresInsert,
-            LoadMode::Insert,
-        ),
+    for (which, mode) in [
+        (Scenario::PostgresCopy, LoadMode::Copy),
+        (Scenario::PostgresInsert, LoadMode::Insert),
     ] {
         if runs(which) {
+            let name = which.name();
             match &args.postgres {
                 Some(url) => {
                     let sink = Sink::Postgres(url.clone(), mode);
-                    scenario(name, &work, 200, 10_000 / s, 1_000_000 / s as u64, 20, sink).await?;
+                    scenario(
+                        &name,
+                        &work,
+                        200,
+                        10_000 / s,
+                        1_000_000 / s as u64,
+                        20,
+                        sink,
+                    )
+                    .await?;
                 }
                 None if all => eprintln!("{name}: skipped (give --postgres URL)"),
                 None => bail!("{name} needs --postgres URL"),

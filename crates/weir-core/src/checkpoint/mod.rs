@@ -16,10 +16,7 @@
 //! another query wrote it. Only this module builds paths inside the checkpoint.
 
 mod lock;
-/// The log-line format, at the bottom of the crate (kept here under its old name).
-pub use crate::logfile as log;
 pub mod recovery;
-pub use crate::logfile::retention;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,6 +26,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::logfile::{self as log, retention};
 use crate::source::SourceOffset;
 use crate::storage::{Location, StagedWrite, WriteOutcome, is_hidden};
 pub use lock::{CheckpointGuard, LeaseSettings};
