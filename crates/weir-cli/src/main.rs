@@ -171,7 +171,7 @@ async fn dispatch(command: Command) -> Result<()> {
             println!(
                 "{}: ok: {} source, sinks: {}{}",
                 pipeline.display(),
-                p.source.spec().kind(),
+                p.source.kind(),
                 p.labels()?.join(", "),
                 transform.map(|t| format!("; {t}")).unwrap_or_default()
             );

@@ -251,7 +251,7 @@ impl Pipeline {
         for (i, s) in self.sinks.iter().enumerate() {
             s.spec()
                 .build(&env)
-                .with_context(|| format!("sink[{i}] ({})", s.spec().kind()))?;
+                .with_context(|| format!("sink[{i}] ({})", s.kind()))?;
         }
         // No two places written by one pipeline may overlap, nor may a sink write into
         // the folder the source reads (it would read its own output).
@@ -264,7 +264,7 @@ impl Pipeline {
             .chain(self.sinks.iter().enumerate().filter_map(|(i, s)| {
                 s.spec()
                     .location(&env)
-                    .map(|l| (format!("sink[{i}] ({})", s.spec().kind()), l))
+                    .map(|l| (format!("sink[{i}] ({})", s.kind()), l))
             }))
             .collect();
         for (i, (a, la)) in places.iter().enumerate() {
@@ -290,7 +290,7 @@ impl Pipeline {
                 format!(
                     "transform not planned: the {} source's columns come from its data (give \
                      source.schema to have it planned here)",
-                    self.source.spec().kind()
+                    self.source.kind()
                 )
             }));
         };
@@ -335,7 +335,7 @@ impl Pipeline {
                     anyhow::bail!(
                         "invalid setting: sink[{i}] ({}) has the {what} column `{column}`, \
                          which the batches it gets do not have (their columns: {})",
-                        sink.spec().kind(),
+                        sink.kind(),
                         columns.join(", ")
                     );
                 }

@@ -40,8 +40,8 @@ pub use engine::{
 };
 pub use error::{BoxError, Error, Result};
 pub use sink::{
-    BatchContext, ConsoleSink, FanOut, ForeachBatch, NullKeys, NullOrdering, ParquetCompression,
-    ParquetSink, SinkMetric, SinkMetrics, dedupe_latest,
+    BatchContext, FanOut, ForeachBatch, NullKeys, NullOrdering, ParquetCompression, ParquetSink,
+    SinkMetric, SinkMetrics, dedupe_latest,
 };
 pub use source::{
     BadRecordMode, CleanSource, FileFormat, FileSource, FileSourceOptions, MemorySource,

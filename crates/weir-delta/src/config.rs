@@ -5,7 +5,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use weir_core::connector::{
-    BuildEnv, DurationText, QueryIdentity, Relocation, SinkShape, SinkSpec, SinkVerifier, Verdict,
+    BuildEnv, DurationText, QueryIdentity, Relocation, SinkConnector, SinkHarness, SinkShape,
+    SinkSpec, SinkVerifier, Verdict,
 };
 use weir_core::datafusion::arrow::compute::cast;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
@@ -191,28 +192,30 @@ fn reader(
 }
 
 impl SinkSpec for DeltaAppendConfig {
-    fn kind(&self) -> &'static str {
-        "delta-append"
-    }
-
     fn label(&self, env: &BuildEnv) -> String {
-        label(self.kind(), env, &self.path)
+        label(Self::KIND, env, &self.path)
     }
 
     fn build(&self, env: &BuildEnv) -> Result<Arc<dyn ForeachBatch>> {
         Ok(Arc::new(self.sink(env)?))
     }
 
-    fn fault_points(&self) -> Vec<&'static str> {
-        DELTA_POINTS.to_vec()
+    fn app_id(&self, query: &QueryIdentity) -> Option<String> {
+        Some(app_id(self.app_id.as_deref(), query))
+    }
+
+    fn location(&self, env: &BuildEnv) -> Option<Location> {
+        env.location("sink.path", &self.path).ok()
     }
 
     fn shape(&self) -> SinkShape {
         SinkShape::Append
     }
+}
 
-    fn app_id(&self, query: &QueryIdentity) -> Option<String> {
-        Some(app_id(self.app_id.as_deref(), query))
+impl SinkHarness for DeltaAppendConfig {
+    fn fault_points(&self) -> Vec<&'static str> {
+        DELTA_POINTS.to_vec()
     }
 
     fn relocate(&mut self, to: &Relocation) -> Result<()> {
@@ -220,30 +223,30 @@ impl SinkSpec for DeltaAppendConfig {
         Ok(())
     }
 
-    fn location(&self, env: &BuildEnv) -> Option<Location> {
-        env.location("sink.path", &self.path).ok()
-    }
-
     fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>> {
         reader(env, &self.path, &self.app_id)
     }
 }
 
-impl SinkSpec for DeltaMergeConfig {
-    fn kind(&self) -> &'static str {
-        "delta-merge"
-    }
+impl SinkConnector for DeltaAppendConfig {
+    const KIND: &'static str = "delta-append";
+}
 
+impl SinkSpec for DeltaMergeConfig {
     fn label(&self, env: &BuildEnv) -> String {
-        label(self.kind(), env, &self.path)
+        label(Self::KIND, env, &self.path)
     }
 
     fn build(&self, env: &BuildEnv) -> Result<Arc<dyn ForeachBatch>> {
         Ok(Arc::new(self.sink(env)?))
     }
 
-    fn fault_points(&self) -> Vec<&'static str> {
-        DELTA_POINTS.to_vec()
+    fn app_id(&self, query: &QueryIdentity) -> Option<String> {
+        Some(app_id(self.app_id.as_deref(), query))
+    }
+
+    fn location(&self, env: &BuildEnv) -> Option<Location> {
+        env.location("sink.path", &self.path).ok()
     }
 
     fn shape(&self) -> SinkShape {
@@ -252,9 +255,11 @@ impl SinkSpec for DeltaMergeConfig {
             ordering: self.ordering.clone(),
         }
     }
+}
 
-    fn app_id(&self, query: &QueryIdentity) -> Option<String> {
-        Some(app_id(self.app_id.as_deref(), query))
+impl SinkHarness for DeltaMergeConfig {
+    fn fault_points(&self) -> Vec<&'static str> {
+        DELTA_POINTS.to_vec()
     }
 
     fn relocate(&mut self, to: &Relocation) -> Result<()> {
@@ -262,13 +267,13 @@ impl SinkSpec for DeltaMergeConfig {
         Ok(())
     }
 
-    fn location(&self, env: &BuildEnv) -> Option<Location> {
-        env.location("sink.path", &self.path).ok()
-    }
-
     fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>> {
         reader(env, &self.path, &self.app_id)
     }
+}
+
+impl SinkConnector for DeltaMergeConfig {
+    const KIND: &'static str = "delta-merge";
 }
 
 /// Reads a Delta table back and checks its versions and app transaction.

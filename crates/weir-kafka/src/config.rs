@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use weir_core::connector::{BuildEnv, DurationText, Feed, SchemaText, SourceSpec, secret};
+use weir_core::connector::{
+    BuildEnv, DurationText, Feed, FeedKind, SchemaText, SourceConnector, SourceHarness, SourceSpec,
+    secret,
+};
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::{Error, ReadLimit, Result, Source};
 
@@ -136,10 +139,6 @@ impl KafkaConfig {
 
 #[async_trait]
 impl SourceSpec for KafkaConfig {
-    fn kind(&self) -> &'static str {
-        "kafka"
-    }
-
     fn check(&self, _env: &BuildEnv) -> Result<()> {
         self.read_limit()?;
         KafkaSource::new(self.options()?).map(|_| ())
@@ -190,6 +189,12 @@ impl SourceSpec for KafkaConfig {
             ..ReadLimit::ALL
         })
     }
+}
+
+impl SourceHarness for KafkaConfig {
+    fn feed_kind(&self) -> Option<FeedKind> {
+        Some(FeedKind::Kafka)
+    }
 
     fn relocate(&mut self, feed: &Feed, batch_rows: u64) -> Result<()> {
         match feed {
@@ -209,4 +214,8 @@ impl SourceSpec for KafkaConfig {
             )),
         }
     }
+}
+
+impl SourceConnector for KafkaConfig {
+    const KIND: &'static str = "kafka";
 }

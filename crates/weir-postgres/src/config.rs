@@ -6,7 +6,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::NoTls;
 use weir_core::connector::{
-    BuildEnv, QueryIdentity, Relocation, SinkShape, SinkSpec, SinkVerifier, Verdict, secret,
+    BuildEnv, QueryIdentity, Relocation, SinkConnector, SinkHarness, SinkShape, SinkSpec,
+    SinkVerifier, Verdict, secret,
 };
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
@@ -106,10 +107,6 @@ impl PostgresUpsertConfig {
 }
 
 impl SinkSpec for PostgresUpsertConfig {
-    fn kind(&self) -> &'static str {
-        "postgres-upsert"
-    }
-
     fn label(&self, _env: &BuildEnv) -> String {
         format!("postgres-upsert {}", self.table)
     }
@@ -118,8 +115,8 @@ impl SinkSpec for PostgresUpsertConfig {
         Ok(Arc::new(self.sink()?))
     }
 
-    fn fault_points(&self) -> Vec<&'static str> {
-        upsert_points(self.staging_table.is_some())
+    fn app_id(&self, query: &QueryIdentity) -> Option<String> {
+        self.sink().ok().map(|s| s.ledger_key(query))
     }
 
     fn shape(&self) -> SinkShape {
@@ -128,9 +125,11 @@ impl SinkSpec for PostgresUpsertConfig {
             ordering: self.ordering.clone(),
         }
     }
+}
 
-    fn app_id(&self, query: &QueryIdentity) -> Option<String> {
-        self.sink().ok().map(|s| s.ledger_key(query))
+impl SinkHarness for PostgresUpsertConfig {
+    fn fault_points(&self) -> Vec<&'static str> {
+        upsert_points(self.staging_table.is_some())
     }
 
     fn relocate(&mut self, to: &Relocation) -> Result<()> {
@@ -156,6 +155,10 @@ impl SinkSpec for PostgresUpsertConfig {
             config: self.clone(),
         })))
     }
+}
+
+impl SinkConnector for PostgresUpsertConfig {
+    const KIND: &'static str = "postgres-upsert";
 }
 
 /// Reads a PostgreSQL table back (every row as JSON, decoded into the expected schema) and

@@ -109,7 +109,7 @@ impl Sink {
         Ok(Sink {
             sink,
             label: spec.label(&env),
-            points: spec.fault_points(),
+            points: config.harness().fault_points(),
             opened: Mutex::new(HashSet::new()),
         })
     }

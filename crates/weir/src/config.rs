@@ -1,10 +1,20 @@
-//! The connectors' configs by kind: `type = "files"`, `type = "delta-merge"`, ... One
-//! variant per connector, each holding the connector's own config type. The `weir` binary's
-//! pipeline files and the Python package build their sources and sinks from these.
+//! The connector registry: every source and sink kind weir ships, in one list each
+//! ([`SOURCES`], [`SINKS`]), after Arroyo's `connectors()`. A connector is a config type
+//! implementing [`SourceConnector`] or [`SinkConnector`] (the typed side: its `KIND` and its
+//! settings); the registry erases it to [`SourceConfig`] or [`SinkConfig`], which pipeline
+//! files, `weir chaos`, `weir bench` and the Python package use without naming a kind.
+//!
+//! Adding a sink: one crate implementing the traits of [`weir_core::connector`], and one
+//! line in [`SINKS`].
+
+use std::fmt;
+use std::marker::PhantomData;
 
 use serde::{Deserialize, Serialize};
-use weir_core::connector::{BuildEnv, SinkSpec, SourceSpec};
-use weir_core::sink::{ConsoleConfig, ParquetConfig};
+use weir_core::connector::{
+    BuildEnv, SinkConnector, SinkHarness, SinkSpec, SourceConnector, SourceHarness, SourceSpec,
+};
+use weir_core::sink::ParquetConfig;
 use weir_core::source::RateConfig;
 use weir_core::source::file::FilesConfig;
 use weir_core::{Result, StreamingDataFrame, WeirSession};
@@ -12,62 +22,199 @@ use weir_delta::{DeltaAppendConfig, DeltaMergeConfig};
 use weir_kafka::KafkaConfig;
 use weir_postgres::PostgresUpsertConfig;
 
-/// Deserializes a `type = ...` table into the variant's own config type. serde's derive for
-/// an internally tagged enum buffers the table first, which drops the key from an error
-/// (`'7x' is not a duration` with no word of `max-file-age`); reading the variant's type from
-/// the table keeps it (`in \`max-file-age\``).
-macro_rules! deserialize_by_type {
-    ($enum:ident { $($tag:literal => $variant:ident),+ $(,)? }) => {
-        impl<'de> Deserialize<'de> for $enum {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-                use serde::de::Error as _;
-                let mut table = toml::Table::deserialize(d)?;
+/// Every source kind: `[source] type = ...`.
+pub const SOURCES: &[&dyn SourceKind] = &[
+    &Kind::<FilesConfig>(PhantomData),
+    &Kind::<KafkaConfig>(PhantomData),
+    &Kind::<RateConfig>(PhantomData),
+];
+
+/// Every sink kind: `[[sink]] type = ...`.
+pub const SINKS: &[&dyn SinkKind] = &[
+    &Kind::<ParquetConfig>(PhantomData),
+    &Kind::<weir_console::ConsoleConfig>(PhantomData),
+    &Kind::<DeltaAppendConfig>(PhantomData),
+    &Kind::<DeltaMergeConfig>(PhantomData),
+    &Kind::<PostgresUpsertConfig>(PhantomData),
+];
+
+/// A registry entry: the connector type `C`, erased.
+pub struct Kind<C>(PhantomData<fn() -> C>);
+
+/// A sink kind, erased: reads its tables into a [`SinkConfig`].
+pub trait SinkKind: Sync {
+    fn kind(&self) -> &'static str;
+    fn parse(&self, table: toml::Table) -> std::result::Result<SinkConfig, toml::de::Error>;
+}
+
+/// A source kind, erased: reads its tables into a [`SourceConfig`].
+pub trait SourceKind: Sync {
+    fn kind(&self) -> &'static str;
+    fn parse(&self, table: toml::Table) -> std::result::Result<SourceConfig, toml::de::Error>;
+}
+
+impl<C: SinkConnector> SinkKind for Kind<C> {
+    fn kind(&self) -> &'static str {
+        C::KIND
+    }
+
+    fn parse(&self, table: toml::Table) -> std::result::Result<SinkConfig, toml::de::Error> {
+        let config: C = toml::Value::Table(table).try_into()?;
+        Ok(SinkConfig(Box::new(config)))
+    }
+}
+
+impl<C: SourceConnector> SourceKind for Kind<C> {
+    fn kind(&self) -> &'static str {
+        C::KIND
+    }
+
+    fn parse(&self, table: toml::Table) -> std::result::Result<SourceConfig, toml::de::Error> {
+        let config: C = toml::Value::Table(table).try_into()?;
+        Ok(SourceConfig(Box::new(config)))
+    }
+}
+
+/// A sink connector's config, erased (upcasts to [`SinkSpec`] and [`SinkHarness`]).
+trait AnySink: SinkHarness {
+    fn kind(&self) -> &'static str;
+    fn clone_box(&self) -> Box<dyn AnySink>;
+    fn table(&self) -> std::result::Result<toml::Table, toml::ser::Error>;
+}
+
+impl<C: SinkConnector> AnySink for C {
+    fn kind(&self) -> &'static str {
+        C::KIND
+    }
+
+    fn clone_box(&self) -> Box<dyn AnySink> {
+        Box::new(self.clone())
+    }
+
+    fn table(&self) -> std::result::Result<toml::Table, toml::ser::Error> {
+        toml::Table::try_from(self)
+    }
+}
+
+/// A source connector's config, erased (upcasts to [`SourceSpec`] and [`SourceHarness`]).
+trait AnySource: SourceHarness {
+    fn kind(&self) -> &'static str;
+    fn clone_box(&self) -> Box<dyn AnySource>;
+    fn table(&self) -> std::result::Result<toml::Table, toml::ser::Error>;
+}
+
+impl<C: SourceConnector> AnySource for C {
+    fn kind(&self) -> &'static str {
+        C::KIND
+    }
+
+    fn clone_box(&self) -> Box<dyn AnySource> {
+        Box::new(self.clone())
+    }
+
+    fn table(&self) -> std::result::Result<toml::Table, toml::ser::Error> {
+        toml::Table::try_from(self)
+    }
+}
+
+/// `[[sink]] type = ...`: a sink kind's config, whichever it is.
+pub struct SinkConfig(Box<dyn AnySink>);
+
+/// `[source] type = ...`: a source kind's config, whichever it is.
+pub struct SourceConfig(Box<dyn AnySource>);
+
+/// The accessors and serde impls both erased configs share.
+macro_rules! erased_config {
+    ($config:ident, $spec:ident, $harness:ident, $registry:ident, $what:literal) => {
+        impl $config {
+            /// The kind, as written in `type = "..."`.
+            pub fn kind(&self) -> &'static str {
+                self.0.kind()
+            }
+
+            /// The connector, as production uses it.
+            pub fn spec(&self) -> &dyn $spec {
+                &*self.0
+            }
+
+            /// The connector, as `weir chaos`, `weir bench` and the tests use it.
+            pub fn harness(&self) -> &dyn $harness {
+                &*self.0
+            }
+
+            /// The connector, to relocate it (chaos and benchmarks).
+            pub fn harness_mut(&mut self) -> &mut dyn $harness {
+                &mut *self.0
+            }
+
+            /// Reads a `type = ...` table through the registry's entry for its type.
+            pub fn from_table(mut table: toml::Table) -> std::result::Result<Self, String> {
                 let tag = match table.remove("type") {
                     Some(toml::Value::String(t)) => t,
-                    Some(other) => {
-                        return Err(D::Error::custom(format!(
-                            "`type` must be a string, not {other}"
-                        )))
-                    }
-                    None => return Err(D::Error::missing_field("type")),
+                    Some(other) => return Err(format!("`type` must be a string, not {other}")),
+                    None => return Err("missing field `type`".into()),
                 };
-                let value = toml::Value::Table(table);
-                let parsed: std::result::Result<Self, toml::de::Error> = match tag.as_str() {
-                    $($tag => value.try_into().map($enum::$variant),)+
-                    other => return Err(D::Error::unknown_variant(other, &[$($tag),+])),
+                let Some(entry) = $registry.iter().find(|k| k.kind() == tag) else {
+                    let known: Vec<_> = $registry
+                        .iter()
+                        .map(|k| format!("`{}`", k.kind()))
+                        .collect();
+                    return Err(format!(
+                        "unknown {} type `{tag}`, expected one of {}",
+                        $what,
+                        known.join(", ")
+                    ));
                 };
-                parsed.map_err(|e| D::Error::custom(e.to_string().trim_end()))
+                entry
+                    .parse(table)
+                    .map_err(|e| e.to_string().trim_end().to_string())
+            }
+        }
+
+        impl Clone for $config {
+            fn clone(&self) -> Self {
+                $config(self.0.clone_box())
+            }
+        }
+
+        impl fmt::Debug for $config {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&*self.0, f)
+            }
+        }
+
+        /// Written back as its table with `type` first.
+        impl Serialize for $config {
+            fn serialize<S: serde::Serializer>(
+                &self,
+                s: S,
+            ) -> std::result::Result<S::Ok, S::Error> {
+                use serde::ser::Error as _;
+                let mut table = toml::Table::new();
+                table.insert("type".into(), toml::Value::String(self.kind().into()));
+                table.extend(self.0.table().map_err(S::Error::custom)?);
+                table.serialize(s)
+            }
+        }
+
+        /// serde's derive for an internally tagged enum buffers the table first, which drops
+        /// the key from an error (`'7x' is not a duration` with no word of `max-file-age`);
+        /// reading the connector's own type from the table keeps it (`in \`max-file-age\``).
+        impl<'de> Deserialize<'de> for $config {
+            fn deserialize<D: serde::Deserializer<'de>>(
+                d: D,
+            ) -> std::result::Result<Self, D::Error> {
+                use serde::de::Error as _;
+                $config::from_table(toml::Table::deserialize(d)?).map_err(D::Error::custom)
             }
         }
     };
 }
 
-/// `[source] type = ...`: one variant per source connector.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "type", rename_all = "kebab-case")]
-pub enum SourceConfig {
-    Files(FilesConfig),
-    Kafka(KafkaConfig),
-    Rate(RateConfig),
-}
+erased_config!(SinkConfig, SinkSpec, SinkHarness, SINKS, "sink");
+erased_config!(SourceConfig, SourceSpec, SourceHarness, SOURCES, "source");
 
 impl SourceConfig {
-    pub fn spec(&self) -> &dyn SourceSpec {
-        match self {
-            SourceConfig::Files(c) => c,
-            SourceConfig::Kafka(c) => c,
-            SourceConfig::Rate(c) => c,
-        }
-    }
-
-    pub fn spec_mut(&mut self) -> &mut dyn SourceSpec {
-        match self {
-            SourceConfig::Files(c) => c,
-            SourceConfig::Kafka(c) => c,
-            SourceConfig::Rate(c) => c,
-        }
-    }
-
     /// The source built on `session`, with the read limits its config sets.
     pub async fn load(&self, session: &WeirSession, env: &BuildEnv) -> Result<StreamingDataFrame> {
         let spec = self.spec();
@@ -80,49 +227,47 @@ impl SourceConfig {
     }
 }
 
-deserialize_by_type!(SourceConfig {
-    "files" => Files,
-    "kafka" => Kafka,
-    "rate" => Rate,
-});
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// `[[sink]] type = ...`: one variant per sink connector.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "type", rename_all = "kebab-case")]
-pub enum SinkConfig {
-    Parquet(ParquetConfig),
-    Console(ConsoleConfig),
-    DeltaAppend(DeltaAppendConfig),
-    DeltaMerge(DeltaMergeConfig),
-    PostgresUpsert(PostgresUpsertConfig),
-}
-
-deserialize_by_type!(SinkConfig {
-    "parquet" => Parquet,
-    "console" => Console,
-    "delta-append" => DeltaAppend,
-    "delta-merge" => DeltaMerge,
-    "postgres-upsert" => PostgresUpsert,
-});
-
-impl SinkConfig {
-    pub fn spec(&self) -> &dyn SinkSpec {
-        match self {
-            SinkConfig::Parquet(c) => c,
-            SinkConfig::Console(c) => c,
-            SinkConfig::DeltaAppend(c) => c,
-            SinkConfig::DeltaMerge(c) => c,
-            SinkConfig::PostgresUpsert(c) => c,
-        }
+    #[test]
+    fn every_kind_is_listed_once() {
+        let mut kinds: Vec<_> = SINKS.iter().map(|k| k.kind()).collect();
+        kinds.extend(SOURCES.iter().map(|k| k.kind()));
+        let n = kinds.len();
+        kinds.sort();
+        kinds.dedup();
+        assert_eq!(kinds.len(), n, "{kinds:?}");
     }
 
-    pub fn spec_mut(&mut self) -> &mut dyn SinkSpec {
-        match self {
-            SinkConfig::Parquet(c) => c,
-            SinkConfig::Console(c) => c,
-            SinkConfig::DeltaAppend(c) => c,
-            SinkConfig::DeltaMerge(c) => c,
-            SinkConfig::PostgresUpsert(c) => c,
-        }
+    #[test]
+    fn a_table_reads_back_as_written() {
+        let text = r#"type = "delta-merge"
+path = "out"
+keys = ["id"]
+ordering = "ts"
+"#;
+        let sink: SinkConfig = toml::from_str(text).unwrap();
+        assert_eq!(sink.kind(), "delta-merge");
+        let again: SinkConfig = toml::from_str(&toml::to_string(&sink).unwrap()).unwrap();
+        assert_eq!(format!("{again:?}"), format!("{sink:?}"));
+    }
+
+    #[test]
+    fn errors_name_the_type_and_the_key() {
+        let err = toml::from_str::<SinkConfig>("type = \"nope\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown sink type `nope`") && err.contains("`delta-merge`"),
+            "{err}"
+        );
+        let err = toml::from_str::<SourceConfig>(
+            "type = \"files\"\npath = \"in\"\nmax-file-age = \"7x\"",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("max-file-age"), "{err}");
     }
 }

@@ -11,6 +11,9 @@
 
 pub use weir_core::*;
 
+/// The console sink (a demo sink that prints each batch).
+pub use weir_console::ConsoleSink;
+
 /// Delta Lake sinks: idempotent append and MERGE upsert.
 #[cfg(feature = "delta")]
 pub use weir_delta as delta;

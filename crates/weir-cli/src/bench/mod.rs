@@ -20,16 +20,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
+use weir::config::SinkConfig;
+use weir_core::connector::BuildEnv;
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::engine::{Phase, QueryListener, StreamingQueryProgress};
 use weir_core::sink::CACHE_DURATION_KEY;
 use weir_core::{
-    BatchContext, DataStreamWriter, ForeachBatch, Location, ParquetSink, SinkMetric, Trigger,
-    WeirSession, dedupe_latest,
+    BatchContext, DataStreamWriter, ForeachBatch, Location, SinkMetric, Trigger, WeirSession,
+    dedupe_latest,
 };
-use weir_delta::{DeltaAppend, DeltaMerge};
-use weir_postgres::{LoadMode, PostgresUpsert, tokio_postgres};
 
 use crate::generate::{GenArgs, generate, orders_schema};
 
@@ -123,11 +123,52 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| (kb / 1024.0 * 10.0).round() / 10.0)
 }
 
-enum Sink {
-    Parquet,
-    Merge,
-    Append,
-    Postgres(String, LoadMode),
+/// A scenario's sink: a `[[sink]]` table as a pipeline file gives it, read through the
+/// connector registry (`path = "out"` is in the scenario's folder; a PostgreSQL sink's
+/// tables, its ledger included, are the scenario's own and dropped first), and whether the
+/// batch is first reduced to the newest row per key (the seed's files query).
+struct Sink {
+    table: String,
+    dedupe_first: bool,
+}
+
+impl Sink {
+    fn parquet() -> Self {
+        Sink {
+            table: r#"type = "parquet"
+path = "out""#
+                .into(),
+            dedupe_first: true,
+        }
+    }
+
+    fn delta(kind: &str) -> Self {
+        Sink {
+            table: format!(
+                r#"type = "{kind}"
+path = "out"
+keys = ["order_id"]
+ordering = "updated_at""#
+            ),
+            dedupe_first: false,
+        }
+    }
+
+    fn postgres(url: &str, table: &str, load: &str) -> Self {
+        Sink {
+            table: format!(
+                r#"type = "postgres-upsert"
+url = "{url}"
+table = "{table}"
+keys = ["order_id"]
+ordering = "updated_at"
+create-table = true
+ledger = "{table}_batches"
+load = "{load}""#
+            ),
+            dedupe_first: false,
+        }
+    }
 }
 
 async fn scenario(
@@ -145,31 +186,26 @@ async fn scenario(
     }
     let input = dir.join("input");
     generate(&GenArgs::new(input.clone(), files, rows_per_file, keys, 7))?;
-    let out = Location::local(dir.join("out"));
-    let keys_col = vec!["order_id".to_string()];
-    let f: Arc<dyn ForeachBatch> = match sink {
-        Sink::Parquet => {
-            let parquet = Arc::new(ParquetSink::new(out.clone()));
-            let keys_col = keys_col.clone();
-            Arc::new(move |batch: DataFrame, ctx: BatchContext| {
-                let (parquet, keys_col) = (parquet.clone(), keys_col.clone());
-                async move {
-                    let latest = dedupe_latest(batch, &keys_col, "updated_at")?;
-                    parquet.call(latest, ctx).await
-                }
-            })
-        }
-        Sink::Merge => Arc::new(DeltaMerge::new(out.clone(), keys_col.clone(), "updated_at")),
-        Sink::Append => Arc::new(DeltaAppend::new(out.clone())),
-        Sink::Postgres(url, mode) => {
-            let table = format!("bench_{}", name.replace('-', "_"));
-            drop_table(&url, &table).await?;
-            Arc::new(
-                PostgresUpsert::new(url, table, keys_col.clone(), "updated_at")
-                    .create_table(true)
-                    .load_mode(mode),
-            )
-        }
+    let config: SinkConfig =
+        toml::from_str(&sink.table).map_err(|e| anyhow!("{name}: the sink's table: {e}"))?;
+    let env = BuildEnv {
+        base: Some(dir.clone()),
+        ..BuildEnv::default()
+    };
+    if let Some(reader) = config.harness().verifier(&env)? {
+        reader.reset().await?;
+    }
+    let built = config.spec().build(&env)?;
+    let f: Arc<dyn ForeachBatch> = if sink.dedupe_first {
+        Arc::new(move |batch: DataFrame, ctx: BatchContext| {
+            let built = built.clone();
+            async move {
+                let latest = dedupe_latest(batch, &["order_id".to_string()], "updated_at")?;
+                built.call(latest, ctx).await
+            }
+        })
+    } else {
+        built
     };
     let started = Instant::now();
     let writer = WeirSession::new()
@@ -208,15 +244,6 @@ async fn scenario(
     Ok(())
 }
 
-async fn drop_table(url: &str, table: &str) -> Result<()> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
-        .await?;
-    Ok(())
-}
-
 pub async fn run(args: BenchArgs) -> Result<()> {
     let tmp;
     let work = match &args.dir {
@@ -231,7 +258,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let all = args.scenario == Scenario::All;
     let runs = |s: Scenario| all || args.scenario == s;
     if runs(Scenario::FixedCost) {
-        scenario("fixed-cost", &work, 50, 10, 100, 1, Sink::Parquet).await?;
+        scenario("fixed-cost", &work, 50, 10, 100, 1, Sink::parquet()).await?;
     }
     if runs(Scenario::Throughput) {
         scenario(
@@ -241,7 +268,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             10_000 / s,
             500_000 / s as u64,
             20,
-            Sink::Parquet,
+            Sink::parquet(),
         )
         .await?;
     }
@@ -253,7 +280,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             10_000 / s,
             1_000_000 / s as u64,
             20,
-            Sink::Merge,
+            Sink::delta("delta-merge"),
         )
         .await?;
     }
@@ -265,19 +292,20 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             10_000 / s,
             500_000 / s as u64,
             20,
-            Sink::Append,
+            Sink::delta("delta-append"),
         )
         .await?;
     }
     for (which, mode) in [
-        (Scenario::PostgresCopy, LoadMode::Copy),
-        (Scenario::PostgresInsert, LoadMode::Insert),
+        (Scenario::PostgresCopy, "copy"),
+        (Scenario::PostgresInsert, "insert"),
     ] {
         if runs(which) {
             let name = which.name();
             match &args.postgres {
                 Some(url) => {
-                    let sink = Sink::Postgres(url.clone(), mode);
+                    let table = format!("bench_{}", name.replace('-', "_"));
+                    let sink = Sink::postgres(url, &table, mode);
                     scenario(
                         &name,
                         &work,
@@ -488,7 +516,7 @@ async fn example_scenario(work: &Path, bootstrap: &str, url: &str, n: usize) -> 
     let pipeline = crate::pipeline::Pipeline::load(&path)?;
     let env = pipeline.env()?;
     for s in &pipeline.sinks {
-        if let Some(r) = s.spec().verifier(&env)? {
+        if let Some(r) = s.harness().verifier(&env)? {
             r.reset().await?;
         }
     }

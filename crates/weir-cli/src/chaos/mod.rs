@@ -35,12 +35,12 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 use serde_json::Value;
 use weir_core::checkpoint::{Checkpoint, StartPoint};
-use weir_core::connector::{Feed, QueryIdentity, Verdict};
+use weir_core::connector::{Feed, FeedKind, QueryIdentity, Verdict};
 use weir_core::fault::{RUNNER_POINTS, STATE_POINTS};
 use weir_core::storage::{Location, StorageOptions};
 
 use crate::generate::SplitMix;
-use crate::pipeline::{Pipeline, SourceConfig};
+use crate::pipeline::Pipeline;
 use input::{Input, PARTITIONS};
 pub use retarget::{Target, retarget};
 use supervise::{Ended, log_tail, spawn, wait};
@@ -148,7 +148,7 @@ pub struct Summary {
 pub fn points(p: &Pipeline) -> Vec<&'static str> {
     let mut out: Vec<&'static str> = RUNNER_POINTS[..2].to_vec();
     for s in &p.sinks {
-        out.extend(s.spec().fault_points());
+        out.extend(s.harness().fault_points());
     }
     // after-user-fn, then the state commit, then the commit log.
     out.extend(&RUNNER_POINTS[2..3]);
@@ -249,8 +249,8 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
         "weir-chaos-orders-{}",
         chrono::Utc::now().timestamp_millis()
     );
-    let feed = match &pipeline.source {
-        SourceConfig::Kafka(_) => Feed::Kafka {
+    let feed = match pipeline.source.harness().feed_kind() {
+        Some(FeedKind::Kafka) => Feed::Kafka {
             brokers: args.kafka.clone().ok_or_else(|| {
                 anyhow!("{origin} reads Kafka: give the brokers with --kafka (or KAFKA_BOOTSTRAP)")
             })?,
@@ -303,7 +303,7 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
     let pipeline = Pipeline::load(&pipeline_path)?;
     let env = pipeline.env()?;
     for s in &pipeline.sinks {
-        if let Some(r) = s.spec().verifier(&env)? {
+        if let Some(r) = s.harness().verifier(&env)? {
             r.reset().await?;
         }
     }
@@ -476,7 +476,7 @@ pub async fn run(mut args: ChaosArgs) -> Result<()> {
             stateful::check_state_sizes(&r, &progress, committed, &mut verdict);
         }
     }
-    verdict.merge(verify::check_source(&pipeline, &input, &cp, committed, &progress).await?);
+    verdict.merge(verify::check_source(&feed, &input, &cp, committed, &progress).await?);
     s.rows_checked = verdict.rows;
     s.checked = verdict.notes;
     s.mismatches.extend(verdict.mismatches);

@@ -36,16 +36,16 @@ pub fn retarget(p: &mut Pipeline, t: &Target<'_>) -> Result<()> {
     if let Some(r) = t.retain {
         p.query.min_batches_to_retain = Some(r);
     }
-    p.source.spec_mut().relocate(&t.feed, t.batch_rows)?;
+    p.source.harness_mut().relocate(&t.feed, t.batch_rows)?;
     // After SQL no reference exists for an append sink; after stateful steps alone, the
     // chaos check computes what they pass on.
     let transform = p.transform.as_ref().is_some_and(|t| t.sql.is_some());
     for (i, s) in p.sinks.iter_mut().enumerate() {
-        let kind = s.spec().kind();
+        let kind = s.kind();
         if transform && s.spec().shape() == SinkShape::Append {
             bail!("sink[{i}] ({kind}): an append sink after a transform has no reference to check");
         }
-        s.spec_mut().relocate(&Relocation {
+        s.harness_mut().relocate(&Relocation {
             dir: t.store.join(&format!("{}_{i}", kind.replace('-', "_"))),
             postgres: t.postgres.map(str::to_string),
             prefix: PREFIX.into(),

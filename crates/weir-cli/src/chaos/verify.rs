@@ -7,11 +7,13 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use serde_json::Value;
 use weir_core::checkpoint::Checkpoint;
-use weir_core::connector::{QueryIdentity, SinkShape, Verdict, compare_append, compare_upsert};
+use weir_core::connector::{
+    Feed, QueryIdentity, SinkShape, Verdict, compare_append, compare_upsert,
+};
 use weir_core::source::file::taken_files;
 
 use super::input::Input;
-use crate::pipeline::{Pipeline, SourceConfig};
+use crate::pipeline::Pipeline;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
 
@@ -27,13 +29,13 @@ pub async fn check_sinks(
     let env = p.env()?;
     let mut v = Verdict::default();
     for s in &p.sinks {
-        let spec = s.spec();
+        let spec = s.harness();
         let Some(reader) = spec.verifier(&env)? else {
             continue;
         };
         let what = spec.label(&env);
         let got = reader.rows(schema).await?;
-        match spec.shape() {
+        match s.spec().shape() {
             SinkShape::Append => v.merge(compare_append(&what, &got, all, schema)?),
             SinkShape::Upsert { keys, ordering } => {
                 v.merge(compare_upsert(&what, &got, all, schema, &keys, &ordering)?)
@@ -48,7 +50,7 @@ pub async fn check_sinks(
 /// The source: the committed batches read everything that was produced, each input once,
 /// and every progress report counts exactly the rows of its range.
 pub async fn check_source(
-    p: &Pipeline,
+    feed: &Feed,
     input: &Input,
     checkpoint: &Checkpoint,
     committed: u64,
@@ -59,11 +61,10 @@ pub async fn check_source(
         return Ok(v);
     };
     let end = checkpoint.read_offsets(last).await?.source(0, "offsets")?;
-    match &p.source {
-        SourceConfig::Kafka(k) => {
-            let topic = k.subscribe.first().cloned().unwrap_or_default();
-            let want = weir_kafka::end_offsets(&k.bootstrap_servers, &topic).await?;
-            let got: BTreeMap<i32, i64> = end.json()[&topic]
+    match feed {
+        Feed::Kafka { brokers, topic } => {
+            let want = weir_kafka::end_offsets(brokers, topic).await?;
+            let got: BTreeMap<i32, i64> = end.json()[topic]
                 .as_object()
                 .map(|m| {
                     m.iter()
@@ -83,7 +84,7 @@ pub async fn check_source(
             for line in progress {
                 let rows = line["numInputRows"].as_u64().unwrap_or(0);
                 let s = &line["sources"][0];
-                let want = kafka_range(&s["startOffset"], &s["endOffset"], &topic);
+                let want = kafka_range(&s["startOffset"], &s["endOffset"], topic);
                 if rows != want {
                     v.mismatches.push(format!(
                         "batch {}: numInputRows {rows}, but its offsets hold {want} records",
@@ -92,7 +93,7 @@ pub async fn check_source(
                 }
             }
         }
-        SourceConfig::Files(_) => {
+        Feed::Files { .. } => {
             let taken = taken_files(&checkpoint.source_log(0)).await?;
             let by_name = input.rows_by_name();
             let mut seen: BTreeMap<String, u32> = BTreeMap::new();
@@ -144,7 +145,6 @@ pub async fn check_source(
                 }
             }
         }
-        SourceConfig::Rate(_) => {}
     }
     Ok(v)
 }

@@ -1,16 +1,21 @@
 //! How a connector (a source or sink type) describes itself, so that the CLI, `weir chaos`,
 //! `weir bench` and the tests dispatch over connectors instead of knowing their insides.
 //!
-//! A connector crate provides, next to the source or sink itself:
-//! - a serde config type (`deny_unknown_fields`, kebab-case) implementing [`SinkSpec`] or
-//!   [`SourceSpec`]: its kind and label, `build()`, the fault points a batch passes in it,
-//!   the app id it uses for a query, what it ends up holding ([`SinkShape`]), how to point
-//!   it at fresh places ([`Relocation`], for chaos and benchmarks);
-//! - a [`SinkVerifier`] that reads back what the sink holds and checks its own
-//!   bookkeeping (table versions, ledger rows) for a number of committed batches.
+//! A connector crate provides, next to the source or sink itself, a serde config type
+//! (`deny_unknown_fields`, kebab-case) that implements three traits:
+//! - the production side, [`SinkSpec`] or [`SourceSpec`]: its kind and label, the checks
+//!   of its settings, `build()`, the app id it uses for a query, what it ends up holding
+//!   ([`SinkShape`]);
+//! - the test-harness side, [`SinkHarness`] or [`SourceHarness`], which only `weir chaos`,
+//!   `weir bench` and the tests use: the fault points a batch passes in it, how to point it
+//!   at fresh places ([`Relocation`], [`Feed`]),
+//!   and a [`SinkVerifier`] that reads back what it holds and checks its own bookkeeping
+//!   (table versions, ledger rows) for a number of committed batches;
+//! - [`SinkConnector`] or [`SourceConnector`]: the `type = "..."` it is written as.
 //!
-//! Adding a sink means adding one crate with these, and one line in the CLI's list of
-//! sink kinds.
+//! Adding a sink means one crate (one folder) with these, and one line in the `weir`
+//! crate's registry (`weir::config`), which every pipeline file, `weir chaos`, `weir bench`
+//! and the Python package read their `type = ...` tables through.
 
 mod text;
 mod verify;
@@ -22,6 +27,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::sink::ForeachBatch;
@@ -121,37 +128,46 @@ pub trait SinkVerifier: Send + Sync {
     }
 }
 
-/// A sink config: everything about a sink kind, in one place.
+/// A sink config, as production uses it: what the sink is called, the checks of its
+/// settings and the sink itself.
 pub trait SinkSpec: Send + Sync + Debug {
-    /// The kind, as written in a pipeline's `type = "..."`.
-    fn kind(&self) -> &'static str;
-
     /// The name in progress, errors and reports: the kind and where it writes.
     fn label(&self, env: &BuildEnv) -> String;
 
     /// Checks the settings (before anything runs) and builds the sink.
     fn build(&self, env: &BuildEnv) -> Result<Arc<dyn ForeachBatch>>;
 
-    /// The fault points a batch passes in this sink, in order (see [`crate::fault`]).
-    fn fault_points(&self) -> Vec<&'static str>;
-
-    /// What the sink ends up holding.
-    fn shape(&self) -> SinkShape;
-
     /// The app id the sink uses for `query`'s batches, if it records one.
     fn app_id(&self, query: &QueryIdentity) -> Option<String>;
 
-    /// Points the sink at fresh places.
-    fn relocate(&mut self, to: &Relocation) -> Result<()>;
-
-    /// A reader of what the sink holds (`None`: the sink cannot be read back).
-    fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>>;
+    /// What the sink ends up holding (`weir check` holds an upsert's key and ordering
+    /// columns against the batches' columns).
+    fn shape(&self) -> SinkShape;
 
     /// The folder the sink writes, if it writes one: two sinks (or a sink and the source)
     /// must not share one.
     fn location(&self, _env: &BuildEnv) -> Option<Location> {
         None
     }
+}
+
+/// A sink config, as the test harness (`weir chaos`, `weir bench`, fault injection) uses
+/// it: where a batch can be cut, what must be in the sink afterwards, and how to read it.
+pub trait SinkHarness: SinkSpec {
+    /// The fault points a batch passes in this sink, in order (see [`crate::fault`]).
+    fn fault_points(&self) -> Vec<&'static str>;
+
+    /// Points the sink at fresh places.
+    fn relocate(&mut self, to: &Relocation) -> Result<()>;
+
+    /// A reader of what the sink holds (`None`: the sink cannot be read back).
+    fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>>;
+}
+
+/// A sink kind for the registry: its config, read from a `[[sink]] type = KIND` table.
+pub trait SinkConnector: SinkHarness + Serialize + DeserializeOwned + Clone + 'static {
+    /// The `type = "..."` of its tables.
+    const KIND: &'static str;
 }
 
 /// Where chaos and benchmarks feed input: a folder of JSON-lines files, or a Kafka topic.
@@ -163,12 +179,9 @@ pub enum Feed {
     Kafka { brokers: String, topic: String },
 }
 
-/// A source config: everything about a source kind, in one place.
+/// A source config, as production uses it: its checks, its schema and the source itself.
 #[async_trait]
 pub trait SourceSpec: Send + Sync + Debug {
-    /// The kind, as written in a pipeline's `type = "..."`.
-    fn kind(&self) -> &'static str;
-
     /// Checks the settings without reading anything (called before anything runs).
     fn check(&self, env: &BuildEnv) -> Result<()>;
 
@@ -189,10 +202,30 @@ pub trait SourceSpec: Send + Sync + Debug {
 
     /// The read limits the config sets (max files / offsets per trigger, ...).
     fn read_limit(&self) -> Result<ReadLimit>;
+}
+
+/// The kinds of input chaos and benchmarks can feed a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedKind {
+    Files,
+    Kafka,
+}
+
+/// A source config, as the test harness uses it: what feed it can read, and pointing it
+/// there.
+pub trait SourceHarness: SourceSpec {
+    /// The feed this kind of source reads (`None`: it generates its rows).
+    fn feed_kind(&self) -> Option<FeedKind>;
 
     /// Reads `feed` instead, at most `batch_rows` rows or one file per batch. An error when
     /// this kind of source cannot read that kind of feed.
     fn relocate(&mut self, feed: &Feed, batch_rows: u64) -> Result<()>;
+}
+
+/// A source kind for the registry: its config, read from a `[source] type = KIND` table.
+pub trait SourceConnector: SourceHarness + Serialize + DeserializeOwned + Clone + 'static {
+    /// The `type = "..."` of its tables.
+    const KIND: &'static str;
 }
 
 /// True when one folder is the other or inside it (by URL).

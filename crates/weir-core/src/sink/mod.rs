@@ -3,11 +3,10 @@
 //! | sink | idempotency pattern | on replay |
 //! |---|---|---|
 //! | [`ParquetSink`] | file names derived from (batch id, part), temp name + rename | the same files are written again |
-//! | [`ConsoleSink`] | none (a demo sink) | printed again |
 //!
-//! The Delta and PostgreSQL sinks live in their own crates and implement the same trait.
+//! The Delta, PostgreSQL and console sinks live in their own crates and implement the same
+//! trait.
 
-mod console;
 mod context;
 mod parquet;
 mod parquet_config;
@@ -27,7 +26,6 @@ use crate::error::{BoxError, Error};
 
 /// Where it was first: the chain printer lives with the error type now.
 pub use crate::error::error_chain;
-pub use console::{ConsoleConfig, ConsoleSink};
 pub use context::{BatchContext, CACHE_DURATION_KEY, QueryIdentity, SinkMetric, SinkMetrics};
 pub use parquet::{PARQUET_POINTS, ParquetCompression, ParquetSink};
 pub use parquet_config::{ParquetConfig, ParquetReader};

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::ForeachBatch;
 use super::parquet::{OWNER, PARQUET_POINTS, ParquetCompression, ParquetSink};
 use crate::connector::{
-    BuildEnv, QueryIdentity, Relocation, SinkShape, SinkSpec, SinkVerifier, Verdict,
+    BuildEnv, QueryIdentity, Relocation, SinkConnector, SinkHarness, SinkShape, SinkSpec,
+    SinkVerifier, Verdict,
 };
 use crate::error::{Error, Result};
 use crate::storage::{Location, blocking, is_hidden};
@@ -42,10 +43,6 @@ impl ParquetConfig {
 }
 
 impl SinkSpec for ParquetConfig {
-    fn kind(&self) -> &'static str {
-        "parquet"
-    }
-
     fn label(&self, env: &BuildEnv) -> String {
         match self.location(env) {
             Ok(l) => ParquetSink::new(l).label(),
@@ -64,16 +61,22 @@ impl SinkSpec for ParquetConfig {
         Ok(Arc::new(p))
     }
 
-    fn fault_points(&self) -> Vec<&'static str> {
-        PARQUET_POINTS.to_vec()
+    fn app_id(&self, _query: &QueryIdentity) -> Option<String> {
+        None
+    }
+
+    fn location(&self, env: &BuildEnv) -> Option<Location> {
+        self.location(env).ok()
     }
 
     fn shape(&self) -> SinkShape {
         SinkShape::Append
     }
+}
 
-    fn app_id(&self, _query: &QueryIdentity) -> Option<String> {
-        None
+impl SinkHarness for ParquetConfig {
+    fn fault_points(&self) -> Vec<&'static str> {
+        PARQUET_POINTS.to_vec()
     }
 
     fn relocate(&mut self, to: &Relocation) -> Result<()> {
@@ -81,15 +84,15 @@ impl SinkSpec for ParquetConfig {
         Ok(())
     }
 
-    fn location(&self, env: &BuildEnv) -> Option<Location> {
-        self.location(env).ok()
-    }
-
     fn verifier(&self, env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>> {
         Ok(Some(Box::new(ParquetReader {
             dir: self.location(env)?,
         })))
     }
+}
+
+impl SinkConnector for ParquetConfig {
+    const KIND: &'static str = "parquet";
 }
 
 /// Reads every part file of a Parquet sink's folder.

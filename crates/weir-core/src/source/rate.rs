@@ -12,6 +12,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::{DataFrame, SessionContext};
 
 use super::{ReadLimit, Source, SourceOffset};
+use crate::connector::{BuildEnv, Feed, FeedKind, SourceConnector, SourceHarness, SourceSpec};
 use crate::error::{Error, Result};
 
 /// Generated rows; see the module docs.
@@ -189,20 +190,16 @@ pub struct RateConfig {
 }
 
 #[async_trait]
-impl crate::connector::SourceSpec for RateConfig {
-    fn kind(&self) -> &'static str {
-        "rate"
-    }
-
-    fn check(&self, _env: &crate::connector::BuildEnv) -> Result<()> {
+impl SourceSpec for RateConfig {
+    fn check(&self, _env: &BuildEnv) -> Result<()> {
         RateSource::new(self.rows_per_second).map(|_| ())
     }
 
-    async fn build(&self, _env: &crate::connector::BuildEnv) -> Result<Arc<dyn Source>> {
+    async fn build(&self, _env: &BuildEnv) -> Result<Arc<dyn Source>> {
         Ok(Arc::new(RateSource::new(self.rows_per_second)?))
     }
 
-    fn schema(&self, _env: &crate::connector::BuildEnv) -> Result<Option<SchemaRef>> {
+    fn schema(&self, _env: &BuildEnv) -> Result<Option<SchemaRef>> {
         Ok(Some(RateSource::new(self.rows_per_second)?.schema()))
     }
 
@@ -218,11 +215,21 @@ impl crate::connector::SourceSpec for RateConfig {
             ..ReadLimit::ALL
         })
     }
+}
 
-    fn relocate(&mut self, _feed: &crate::connector::Feed, _batch_rows: u64) -> Result<()> {
+impl SourceHarness for RateConfig {
+    fn feed_kind(&self) -> Option<FeedKind> {
+        None
+    }
+
+    fn relocate(&mut self, _feed: &Feed, _batch_rows: u64) -> Result<()> {
         Err(Error::config(
             "source.type",
             "the rate source generates its rows; it cannot read a feed",
         ))
     }
+}
+
+impl SourceConnector for RateConfig {
+    const KIND: &'static str = "rate";
 }

@@ -6,7 +6,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{CleanSource, FileFormat, FileSource, FileSourceOptions};
-use crate::connector::{BuildEnv, DurationText, Feed, SchemaText, SourceSpec};
+use crate::connector::{
+    BuildEnv, DurationText, Feed, FeedKind, SchemaText, SourceConnector, SourceHarness, SourceSpec,
+};
 use crate::error::{Error, Result};
 use crate::source::decode::output_schema;
 use crate::source::{BadRecordMode, ReadLimit, Source};
@@ -153,10 +155,6 @@ impl FilesConfig {
 
 #[async_trait]
 impl SourceSpec for FilesConfig {
-    fn kind(&self) -> &'static str {
-        "files"
-    }
-
     fn check(&self, env: &BuildEnv) -> Result<()> {
         self.options(env).map(|_| ())
     }
@@ -186,6 +184,12 @@ impl SourceSpec for FilesConfig {
             ..ReadLimit::ALL
         })
     }
+}
+
+impl SourceHarness for FilesConfig {
+    fn feed_kind(&self) -> Option<FeedKind> {
+        Some(FeedKind::Files)
+    }
 
     fn relocate(&mut self, feed: &Feed, _batch_rows: u64) -> Result<()> {
         match feed {
@@ -203,6 +207,10 @@ impl SourceSpec for FilesConfig {
             )),
         }
     }
+}
+
+impl SourceConnector for FilesConfig {
+    const KIND: &'static str = "files";
 }
 
 #[cfg(test)]

@@ -1,8 +1,19 @@
-use async_trait::async_trait;
-use datafusion::prelude::DataFrame;
+//! # weir-console
+//!
+//! `[[sink]] type = "console"`: prints each batch, as Spark's console sink does. A demo
+//! sink with no idempotency (a replay prints again), and the smallest complete connector:
+//! the sink, its config with the production ([`SinkSpec`]) and harness ([`SinkHarness`])
+//! sides, and its [`SinkConnector`] kind. The `weir` crate's registry lists it in one line.
 
-use super::{BatchContext, ForeachBatch};
-use crate::error::{BoxError, Error};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use weir_core::connector::{
+    BuildEnv, QueryIdentity, Relocation, SinkConnector, SinkHarness, SinkShape, SinkSpec,
+    SinkVerifier,
+};
+use weir_core::datafusion::prelude::DataFrame;
+use weir_core::{BatchContext, BoxError, Error, ForeachBatch, Result};
 
 /// Prints each batch as Spark's console sink does: a header with the batch id, then up
 /// to `num_rows` rows. For demos; it has no idempotency (a replay prints again).
@@ -47,44 +58,38 @@ pub struct ConsoleConfig {
     pub num_rows: Option<usize>,
 }
 
-impl crate::connector::SinkSpec for ConsoleConfig {
-    fn kind(&self) -> &'static str {
-        "console"
-    }
-
-    fn label(&self, _env: &crate::connector::BuildEnv) -> String {
+impl SinkSpec for ConsoleConfig {
+    fn label(&self, _env: &BuildEnv) -> String {
         "console".into()
     }
 
-    fn build(
-        &self,
-        _env: &crate::connector::BuildEnv,
-    ) -> crate::Result<std::sync::Arc<dyn ForeachBatch>> {
-        Ok(std::sync::Arc::new(ConsoleSink::new(
-            self.num_rows.unwrap_or(20),
-        )))
+    fn build(&self, _env: &BuildEnv) -> Result<Arc<dyn ForeachBatch>> {
+        Ok(Arc::new(ConsoleSink::new(self.num_rows.unwrap_or(20))))
     }
 
+    fn app_id(&self, _query: &QueryIdentity) -> Option<String> {
+        None
+    }
+
+    fn shape(&self) -> SinkShape {
+        SinkShape::Unchecked
+    }
+}
+
+impl SinkHarness for ConsoleConfig {
     fn fault_points(&self) -> Vec<&'static str> {
         Vec::new()
     }
 
-    fn shape(&self) -> crate::connector::SinkShape {
-        crate::connector::SinkShape::Unchecked
-    }
-
-    fn app_id(&self, _query: &crate::sink::QueryIdentity) -> Option<String> {
-        None
-    }
-
-    fn relocate(&mut self, _to: &crate::connector::Relocation) -> crate::Result<()> {
+    fn relocate(&mut self, _to: &Relocation) -> Result<()> {
         Ok(())
     }
 
-    fn verifier(
-        &self,
-        _env: &crate::connector::BuildEnv,
-    ) -> crate::Result<Option<Box<dyn crate::connector::SinkVerifier>>> {
+    fn verifier(&self, _env: &BuildEnv) -> Result<Option<Box<dyn SinkVerifier>>> {
         Ok(None)
     }
+}
+
+impl SinkConnector for ConsoleConfig {
+    const KIND: &'static str = "console";
 }
