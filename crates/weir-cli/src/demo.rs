@@ -16,7 +16,7 @@ use crate::generate::{GenArgs, generate, orders_schema};
 use crate::report::HumanLines;
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Working folder (input, checkpoint, tables). Recreated on each run.
     #[arg(long, default_value = "weir-demo")]
     pub dir: PathBuf,
@@ -44,7 +44,7 @@ pub struct DemoArgs {
 
 /// Empties `dir` for a command that owns it: a folder holding files but no `.weir-<command>`
 /// marker was not made by the command and is refused, never deleted.
-pub fn prepare_dir(dir: &Path, command: &str) -> Result<()> {
+pub(crate) fn prepare_dir(dir: &Path, command: &str) -> Result<()> {
     let marker = dir.join(format!(".weir-{command}"));
     if dir.exists() {
         let empty = std::fs::read_dir(dir)?.next().is_none();
@@ -64,7 +64,7 @@ pub fn prepare_dir(dir: &Path, command: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn run(args: DemoArgs) -> Result<()> {
+pub(crate) async fn run(args: DemoArgs) -> Result<()> {
     let dir = &args.dir;
     prepare_dir(dir, "demo")?;
     if let Some(url) = &args.postgres {
@@ -229,7 +229,7 @@ async fn produce_orders(brokers: &str, input: &Path) -> Result<String> {
 /// Produces every line of `files` to `topic`, round-robin over `partitions` starting after
 /// `sent` earlier records (with `skew`, 4 records in 5 go to partition 0); all are in flight
 /// at once, then each delivery is awaited. Returns the number of records produced.
-pub async fn produce_lines(
+pub(crate) async fn produce_lines(
     brokers: &str,
     topic: &str,
     partitions: i32,

@@ -13,7 +13,7 @@ use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef
 
 /// What to generate.
 #[derive(Debug, Clone, clap::Args)]
-pub struct GenArgs {
+pub(crate) struct GenArgs {
     /// Folder to write `orders-NNNNN.json` files into.
     #[arg(long)]
     pub dir: PathBuf,
@@ -44,7 +44,13 @@ pub struct GenArgs {
 
 impl GenArgs {
     /// `files` files of `rows_per_file` rows over `keys` order ids, seeded.
-    pub fn new(dir: PathBuf, files: usize, rows_per_file: usize, keys: u64, seed: u64) -> Self {
+    pub(crate) fn new(
+        dir: PathBuf,
+        files: usize,
+        rows_per_file: usize,
+        keys: u64,
+        seed: u64,
+    ) -> Self {
         GenArgs {
             dir,
             files,
@@ -60,7 +66,7 @@ impl GenArgs {
 
 /// What `generate` wrote.
 #[derive(Debug, Clone)]
-pub struct Written {
+pub(crate) struct Written {
     pub path: PathBuf,
     pub rows: usize,
 }
@@ -83,7 +89,7 @@ fn file_name(f: usize, odd: bool) -> String {
 }
 
 /// The schema of the order files.
-pub fn orders_schema() -> SchemaRef {
+pub(crate) fn orders_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("order_id", DataType::Int64, true),
         Field::new("status", DataType::Utf8, true),
@@ -115,7 +121,7 @@ impl SplitMix {
 
 /// Writes the files (each to a hidden temp name, then renamed, so a watching source never
 /// sees half a file). Returns the files in order with their row counts.
-pub fn generate(args: &GenArgs) -> Result<Vec<Written>> {
+pub(crate) fn generate(args: &GenArgs) -> Result<Vec<Written>> {
     fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     let mut rng = SplitMix(args.seed);
     // Skip the sequence of earlier files so that `first_file` continues a series.

@@ -17,7 +17,7 @@
 //! allocator; the same `GLIBC_TUNABLES` settings apply to it.
 
 /// Large allocations from this size are mapped on their own and returned when freed.
-pub const MMAP_THRESHOLD: i32 = 128 * 1024;
+pub(crate) const MMAP_THRESHOLD: i32 = 128 * 1024;
 
 /// Whether the environment already tunes glibc's malloc (`GLIBC_TUNABLES=glibc.malloc.…`
 /// or one of glibc's older `MALLOC_*` variables), in which case weir leaves it be.
@@ -34,7 +34,7 @@ fn arenas(cores: usize) -> i32 {
 
 /// Applies the settings; returns what was done, for the debug log. Call it first in `main`,
 /// before any other thread starts.
-pub fn limit_retention() -> &'static str {
+pub(crate) fn limit_retention() -> &'static str {
     if !cfg!(all(target_os = "linux", target_env = "gnu")) {
         return "malloc defaults (not glibc)";
     }

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
-pub use weir::config::{SinkConfig, SourceConfig};
+pub(crate) use weir::config::{SinkConfig, SourceConfig};
 use weir_core::connector::{BuildEnv, DurationText, SinkShape, secret};
 use weir_core::datafusion::arrow::datatypes::Schema;
 use weir_core::engine::{Transform, TransformOutput};
@@ -48,7 +48,7 @@ use weir_core::{DataStreamWriter, FanOut, ForeachBatch, Trigger, WeirSession};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     pub query: QueryConfig,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub storage: BTreeMap<String, String>,
@@ -64,7 +64,7 @@ pub struct Pipeline {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct QueryConfig {
+pub(crate) struct QueryConfig {
     pub name: String,
     pub checkpoint: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,7 +78,7 @@ pub struct QueryConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct TransformConfig {
+pub(crate) struct TransformConfig {
     /// Spark's `withWatermark`, first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub with_watermark: Option<WatermarkConfig>,
@@ -98,7 +98,7 @@ pub struct TransformConfig {
 
 impl TransformConfig {
     /// The steps, in the order they run: watermark, deduplications, aggregation, SQL.
-    pub fn steps(&self) -> Result<Vec<Transform>> {
+    pub(crate) fn steps(&self) -> Result<Vec<Transform>> {
         let mut out = Vec::new();
         if let Some(w) = &self.with_watermark {
             out.push(Transform::Watermark {
@@ -122,7 +122,7 @@ impl TransformConfig {
     }
 
     /// Whether any step keeps state in the checkpoint.
-    pub fn is_stateful(&self) -> bool {
+    pub(crate) fn is_stateful(&self) -> bool {
         self.drop_duplicates.is_some()
             || self.drop_duplicates_within_watermark.is_some()
             || self.aggregate.is_some()
@@ -132,7 +132,7 @@ impl TransformConfig {
 /// `with-watermark = { column = "ts", delay = "10 minutes" }`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct WatermarkConfig {
+pub(crate) struct WatermarkConfig {
     pub column: String,
     pub delay: DurationText,
 }
@@ -140,7 +140,7 @@ pub struct WatermarkConfig {
 /// `[transform.aggregate]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct AggregateConfig {
+pub(crate) struct AggregateConfig {
     #[serde(default)]
     pub group_by: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -156,7 +156,7 @@ pub struct AggregateConfig {
 /// tumbling).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct WindowConfig {
+pub(crate) struct WindowConfig {
     pub column: String,
     pub size: DurationText,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -183,7 +183,7 @@ impl AggregateConfig {
 
 impl Pipeline {
     /// Reads and checks a pipeline file; relative paths are taken from its folder.
-    pub fn load(path: &Path) -> Result<Self> {
+    pub(crate) fn load(path: &Path) -> Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let parent = path
@@ -195,7 +195,7 @@ impl Pipeline {
     }
 
     /// Parses and checks pipeline text, with relative paths taken from `base`.
-    pub fn parse(text: &str, origin: &str, base: &Path) -> Result<Self> {
+    pub(crate) fn parse(text: &str, origin: &str, base: &Path) -> Result<Self> {
         let mut p: Pipeline = toml::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
         p.base = Some(base.to_path_buf());
         p.check().with_context(|| origin.to_string())?;
@@ -203,12 +203,12 @@ impl Pipeline {
     }
 
     /// The pipeline as TOML (for `weir chaos`, which writes a retargeted copy).
-    pub fn to_toml(&self) -> Result<String> {
+    pub(crate) fn to_toml(&self) -> Result<String> {
         Ok(toml::to_string(self)?)
     }
 
     /// Where configs are resolved: the file's folder and the `[storage]` settings.
-    pub fn env(&self) -> Result<BuildEnv> {
+    pub(crate) fn env(&self) -> Result<BuildEnv> {
         let mut values = BTreeMap::new();
         for (k, v) in &self.storage {
             values.insert(k.clone(), secret(&format!("storage.{k}"), v)?);
@@ -220,7 +220,7 @@ impl Pipeline {
     }
 
     /// Checks the values serde cannot, without reading or writing anything.
-    pub fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         self.trigger()?;
         if let Some(t) = &self.transform {
             for (name, keys) in [
@@ -284,7 +284,7 @@ impl Pipeline {
     /// settings fix them: the stateful steps' columns, the SQL planned over an empty batch
     /// (a misspelt column or function fails here and not at batch 0), and the key and
     /// ordering columns of each upsert sink found among the columns the sinks get.
-    pub async fn check_transform(&self) -> Result<Option<String>> {
+    pub(crate) async fn check_transform(&self) -> Result<Option<String>> {
         let Some(source) = self.source.spec().schema(&self.env()?)? else {
             return Ok(self.transform.as_ref().map(|_| {
                 format!(
@@ -345,7 +345,7 @@ impl Pipeline {
     }
 
     /// The trigger (default: available-now, which suits a command that should finish).
-    pub fn trigger(&self) -> Result<Trigger> {
+    pub(crate) fn trigger(&self) -> Result<Trigger> {
         match &self.query.trigger {
             None => Ok(Trigger::AvailableNow),
             Some(t) => t.parse::<Trigger>().map_err(|e| anyhow!("query.{e}")),
@@ -353,13 +353,13 @@ impl Pipeline {
     }
 
     /// The sinks' labels, in file order.
-    pub fn labels(&self) -> Result<Vec<String>> {
+    pub(crate) fn labels(&self) -> Result<Vec<String>> {
         let env = self.env()?;
         Ok(self.sinks.iter().map(|s| s.spec().label(&env)).collect())
     }
 
     /// The sinks, in the order the file lists them, with their labels.
-    pub fn sinks(&self) -> Result<Vec<(String, Arc<dyn ForeachBatch>)>> {
+    pub(crate) fn sinks(&self) -> Result<Vec<(String, Arc<dyn ForeachBatch>)>> {
         let env = self.env()?;
         self.sinks
             .iter()
@@ -368,13 +368,13 @@ impl Pipeline {
     }
 
     /// The session for this pipeline: its storage settings.
-    pub fn session(&self) -> Result<WeirSession> {
+    pub(crate) fn session(&self) -> Result<WeirSession> {
         Ok(WeirSession::new().storage_options(self.env()?.storage))
     }
 
     /// The whole query, ready for listeners and `start()`: the source with the transform,
     /// name, checkpoint, trigger, retention and the sinks in file order behind one FanOut.
-    pub async fn writer(&self) -> Result<DataStreamWriter> {
+    pub(crate) async fn writer(&self) -> Result<DataStreamWriter> {
         let env = self.env()?;
         let mut frame = self.source.load(&self.session()?, &env).await?;
         if let Some(t) = &self.transform {

@@ -11,7 +11,7 @@ use weir_core::engine::{
 use weir_core::sink::CACHE_DURATION_KEY;
 
 /// One human line per batch on stdout.
-pub struct HumanLines;
+pub(crate) struct HumanLines;
 
 impl QueryListener for HumanLines {
     fn on_query_started(&self, e: &QueryStarted) {
@@ -71,12 +71,12 @@ impl QueryListener for HumanLines {
 }
 
 /// Progress JSON lines, to a file or stdout.
-pub struct JsonLines {
+pub(crate) struct JsonLines {
     out: Mutex<Box<dyn Write + Send>>,
 }
 
 impl JsonLines {
-    pub fn open(target: &str) -> Result<Self> {
+    pub(crate) fn open(target: &str) -> Result<Self> {
         let out: Box<dyn Write + Send> = if target == "-" {
             Box::new(std::io::stdout())
         } else {

@@ -4,7 +4,7 @@ use anyhow::Result;
 use weir_core::checkpoint::{Checkpoint, StartPoint};
 use weir_core::storage::{Location, StorageOptions};
 
-pub async fn show(at: &str) -> Result<()> {
+pub(crate) async fn show(at: &str) -> Result<()> {
     let mut out = String::new();
     let r = show_into(at, &mut out).await;
     // A reader that went away (`| head`) is not an error.

@@ -17,7 +17,7 @@ use serde_json::Value;
 use weir_core::engine::{DURATION_PHASES, Phase};
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct SoakArgs {
+pub(crate) struct SoakArgs {
     /// The pipeline to run (give it `trigger = "0"` and a small per-trigger limit).
     pub pipeline: PathBuf,
     /// Stop (SIGTERM) once this many batches are committed.
@@ -36,7 +36,7 @@ pub struct SoakArgs {
 
 /// One window of `every` batches.
 #[derive(Debug, Serialize)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub batches: u64,
     pub seconds: f64,
     pub rss_mb: f64,
@@ -69,7 +69,7 @@ fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
-pub async fn run(args: SoakArgs) -> Result<()> {
+pub(crate) async fn run(args: SoakArgs) -> Result<()> {
     if args.every == 0 || args.batches < args.every {
         bail!("--every must be at least 1 and at most --batches");
     }

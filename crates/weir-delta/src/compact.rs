@@ -88,7 +88,7 @@ impl Default for Compaction {
 
 impl Compaction {
     /// After every `n` batches; `0`: never.
-    pub fn every(n: u64) -> Self {
+    pub(crate) fn every(n: u64) -> Self {
         Compaction {
             rule: if n == 0 { Rule::Off } else { Rule::Every(n) },
             ..Compaction::default()
@@ -115,7 +115,7 @@ impl Compaction {
     }
 
     /// Runs OPTIMIZE after the batch's commit when it is due.
-    pub async fn after_commit(
+    pub(crate) async fn after_commit(
         &self,
         table: DeltaTable,
         bytes: usize,

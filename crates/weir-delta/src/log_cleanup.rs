@@ -75,7 +75,7 @@ const MAX_VERSIONS_PER_RUN: u64 = 2_000;
 
 impl LogCleanup {
     /// Removes the log files of `table` that its log retention lets go; the number removed.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         table: &DeltaTable,
         at: &Location,

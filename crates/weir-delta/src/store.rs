@@ -46,7 +46,8 @@ use weir_core::datafusion::execution::object_store::ObjectStoreUrl;
 use weir_core::storage::{DurableLocalStore, StorageOptions, object_store_for};
 
 /// Schemes whose tables weir opens through object stores.
-pub const CLOUD_SCHEMES: &[&str] = &["s3", "s3a", "az", "azure", "abfs", "abfss", "adl", "gs"];
+pub(crate) const CLOUD_SCHEMES: &[&str] =
+    &["s3", "s3a", "az", "azure", "abfs", "abfss", "adl", "gs"];
 
 #[derive(Debug)]
 struct CloudStores;
@@ -102,7 +103,7 @@ impl LogStoreFactory for Logs {
 }
 
 /// How many log files the kernel engine reads at once.
-pub const LOG_FILES_AT_ONCE: NonZero<usize> = NonZero::<usize>::MIN.saturating_add(15);
+pub(crate) const LOG_FILES_AT_ONCE: NonZero<usize> = NonZero::<usize>::MIN.saturating_add(15);
 
 /// Rows per batch the engine decodes from a log file: a batch's commit has a handful of
 /// actions, and the decoder reserves room for this many up front.
@@ -374,7 +375,7 @@ impl ObjectStore for UnlistedLog {
 }
 
 /// Registers the factories with delta-rs, once per process.
-pub fn register() {
+pub(crate) fn register() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let cloud = Arc::new(CloudStores);

@@ -183,7 +183,7 @@ pub(crate) struct Cached {
 }
 
 impl Cached {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Cached {
             table: Mutex::new(None),
             loaded_at: AtomicU64::new(0),
@@ -193,7 +193,11 @@ impl Cached {
 
     /// The table, brought up to date. The caller gives it back with [`Self::put`] after a
     /// successful write; after a failure it is simply dropped and reopened next time.
-    pub async fn take(&self, at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkError> {
+    pub(crate) async fn take(
+        &self,
+        at: &Location,
+        batch_id: u64,
+    ) -> Result<DeltaTable, DeltaSinkError> {
         let cached = self.table.lock().await.take();
         let mut t = match cached {
             Some(t) if t.version().is_some() => t,
@@ -225,7 +229,7 @@ impl Cached {
         Ok(t)
     }
 
-    pub async fn put(&self, table: DeltaTable) {
+    pub(crate) async fn put(&self, table: DeltaTable) {
         *self.table.lock().await = Some(table);
     }
 }

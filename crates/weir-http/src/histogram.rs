@@ -3,12 +3,12 @@
 use crate::expo::Exposition;
 
 /// Upper bounds in seconds: from 1 ms to 10 minutes.
-pub const BUCKETS: [f64; 16] = [
+pub(crate) const BUCKETS: [f64; 16] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0,
 ];
 
 #[derive(Debug, Default, Clone)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     /// Observations at or below each bound (not cumulative; summed when rendered).
     counts: [u64; BUCKETS.len()],
     count: u64,
@@ -16,7 +16,7 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    pub fn observe(&mut self, seconds: f64) {
+    pub(crate) fn observe(&mut self, seconds: f64) {
         if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
             self.counts[i] += 1;
         }
@@ -24,12 +24,12 @@ impl Histogram {
         self.sum += seconds;
     }
 
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count
     }
 
     /// `_bucket` lines (cumulative, `+Inf` last), `_sum` and `_count`.
-    pub fn render(&self, out: &mut Exposition, name: &str, labels: &[(&str, &str)]) {
+    pub(crate) fn render(&self, out: &mut Exposition, name: &str, labels: &[(&str, &str)]) {
         let bucket = format!("{name}_bucket");
         let mut seen = 0;
         for (b, c) in BUCKETS.iter().zip(self.counts) {

@@ -35,7 +35,7 @@ pub fn process_stats(pid: &str) -> Option<ProcessStats> {
 
 /// Adds `process_cpu_seconds_total`, `process_resident_memory_bytes`,
 /// `process_virtual_memory_bytes`, `process_start_time_seconds` and `process_open_fds`.
-pub fn render(out: &mut Exposition) {
+pub(crate) fn render(out: &mut Exposition) {
     let Some(p) = process_stats("self") else {
         return;
     };

@@ -18,7 +18,7 @@ const META_TIMEOUT: Duration = Duration::from_secs(30);
 /// A client kept in `slot` across batches: made by `make` on first use, reused by `use_it`,
 /// and dropped when a call fails, so the next call starts from a fresh connection instead
 /// of a client left in an unknown state. Blocks: call it on the blocking pool.
-pub fn with_client<C, T>(
+pub(crate) fn with_client<C, T>(
     slot: &Mutex<Option<C>>,
     make: impl FnOnce() -> Result<C, KafkaSourceError>,
     use_it: impl FnOnce(&C) -> Result<T, KafkaSourceError>,
@@ -37,7 +37,7 @@ pub fn with_client<C, T>(
 }
 
 /// A consumer that only ever reads assigned partitions at explicit offsets.
-pub fn consumer(o: &KafkaOptions) -> Result<BaseConsumer, KafkaSourceError> {
+pub(crate) fn consumer(o: &KafkaOptions) -> Result<BaseConsumer, KafkaSourceError> {
     let mut cfg = ClientConfig::new();
     // librdkafka drops the connection on a fetch response above this (default 100 MB);
     // some Kafka-protocol brokers ignore fetch.max.bytes and answer a 200,000-record read
@@ -64,7 +64,10 @@ pub fn consumer(o: &KafkaOptions) -> Result<BaseConsumer, KafkaSourceError> {
 
 /// A client of consumer group `group` that only commits offsets (it never subscribes, so
 /// it never joins the group or takes partitions from its members).
-pub fn group_committer(o: &KafkaOptions, group: &str) -> Result<BaseConsumer, KafkaSourceError> {
+pub(crate) fn group_committer(
+    o: &KafkaOptions,
+    group: &str,
+) -> Result<BaseConsumer, KafkaSourceError> {
     let mut cfg = ClientConfig::new();
     for (k, v) in &o.kafka {
         cfg.set(k, v);
@@ -79,7 +82,7 @@ pub fn group_committer(o: &KafkaOptions, group: &str) -> Result<BaseConsumer, Ka
 }
 
 /// Commits `offsets` (the next offset to read, per partition) to the client's group.
-pub fn commit_offsets(
+pub(crate) fn commit_offsets(
     c: &BaseConsumer,
     group: &str,
     offsets: &PartitionOffsets,
@@ -104,7 +107,7 @@ pub fn commit_offsets(
 /// The partitions of the subscribed topics. A topic or partition whose metadata comes back
 /// with an error is an error (the batch fails and runs again), never a partition that
 /// vanished: that would read it again from its start when the metadata recovers.
-pub fn partitions(
+pub(crate) fn partitions(
     c: &BaseConsumer,
     o: &KafkaOptions,
 ) -> Result<Vec<(String, i32)>, KafkaSourceError> {
@@ -167,7 +170,11 @@ pub fn partitions(
 }
 
 /// (earliest, latest) offsets of a partition.
-pub fn watermarks(c: &BaseConsumer, topic: &str, p: i32) -> Result<(i64, i64), KafkaSourceError> {
+pub(crate) fn watermarks(
+    c: &BaseConsumer,
+    topic: &str,
+    p: i32,
+) -> Result<(i64, i64), KafkaSourceError> {
     c.fetch_watermarks(topic, p, META_TIMEOUT)
         .map_err(|source| KafkaSourceError::Kafka {
             action: format!("fetching the offsets of topic {topic} partition {p}"),

@@ -7,7 +7,7 @@ use crate::PartitionOffsets;
 use crate::error::KafkaSourceError;
 
 /// `{"t":{"0":1}}` into offsets.
-pub fn parse(v: &serde_json::Value) -> Result<PartitionOffsets, KafkaSourceError> {
+pub(crate) fn parse(v: &serde_json::Value) -> Result<PartitionOffsets, KafkaSourceError> {
     let bad = || KafkaSourceError::Invalid {
         what: "Kafka offset".into(),
         reason: format!("{v} is not {{\"topic\":{{\"partition\":offset}}}}"),
@@ -23,7 +23,7 @@ pub fn parse(v: &serde_json::Value) -> Result<PartitionOffsets, KafkaSourceError
 }
 
 /// Offsets as Spark's JSON.
-pub fn to_json(o: &PartitionOffsets) -> serde_json::Value {
+pub(crate) fn to_json(o: &PartitionOffsets) -> serde_json::Value {
     let mut m = serde_json::Map::new();
     for (t, ps) in o {
         let inner: serde_json::Map<String, serde_json::Value> = ps
@@ -63,7 +63,7 @@ pub fn split_limit(
 
 /// Spark's `minOffsetsPerTrigger` gate: wait (plan no batch) while fewer than `min` new
 /// records are available, unless `delay` has passed since the last batch.
-pub fn wait_for_more(
+pub(crate) fn wait_for_more(
     available: u64,
     min: u64,
     waited: std::time::Duration,

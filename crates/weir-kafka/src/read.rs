@@ -39,7 +39,7 @@ fn headers_type() -> DataType {
 
 /// Spark's Kafka columns (with `headers`, an array of (key, value) structs, when
 /// `include_headers` is on, as Spark's `includeHeaders`).
-pub fn raw_schema(include_headers: bool) -> SchemaRef {
+pub(crate) fn raw_schema(include_headers: bool) -> SchemaRef {
     let mut fields = vec![
         Field::new("key", DataType::Binary, true),
         Field::new("value", DataType::Binary, true),
@@ -60,7 +60,7 @@ pub fn raw_schema(include_headers: bool) -> SchemaRef {
 }
 
 /// The schema of the batches for a value format.
-pub fn output_schema(f: &ValueFormat, include_headers: bool) -> SchemaRef {
+pub(crate) fn output_schema(f: &ValueFormat, include_headers: bool) -> SchemaRef {
     match f {
         ValueFormat::Raw => raw_schema(include_headers),
         ValueFormat::Json { schema, mode } => decode::output_schema(schema, *mode),
@@ -177,7 +177,7 @@ impl Records {
 /// prefetched past the range, and errors queued while nothing polled, are dropped at the start
 /// of the next read. (Emptying the queue right after the read instead cost a 150,000-record
 /// batch up to half its read time: the records fetched past its end came back one by one.)
-pub fn read(
+pub(crate) fn read(
     c: &BaseConsumer,
     o: &KafkaOptions,
     begin: &PartitionOffsets,

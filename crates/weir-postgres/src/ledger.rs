@@ -16,7 +16,7 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub fn new(url: String) -> Self {
+    pub(crate) fn new(url: String) -> Self {
         Conn {
             url,
             client: Default::default(),
@@ -25,7 +25,7 @@ impl Conn {
 
     /// A live client (connecting if there is none or it closed). A new connection first
     /// creates `ledger` if it is missing, so batches do not pay for that statement.
-    pub async fn get(
+    pub(crate) async fn get(
         &self,
         ledger: &str,
     ) -> Result<tokio::sync::OwnedMutexGuard<Option<Client>>, tokio_postgres::Error> {

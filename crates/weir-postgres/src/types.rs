@@ -113,7 +113,7 @@ fn timestamp_micros(col: &ArrayRef, unit: &TimeUnit) -> Result<Vec<Option<i64>>,
 
 /// A batch's columns, checked and ready for [`cell`].
 #[derive(Debug)]
-pub struct CopyRows {
+pub(crate) struct CopyRows {
     cols: Vec<Col>,
     rows: usize,
 }
@@ -126,7 +126,7 @@ enum Col {
 }
 
 /// Checks and converts every column of a batch; the error names the column and the row.
-pub fn prepare_columns(
+pub(crate) fn prepare_columns(
     columns: &[ArrayRef],
     names: &[String],
 ) -> Result<CopyRows, (String, String)> {
@@ -147,19 +147,19 @@ pub fn prepare_columns(
 
 impl CopyRows {
     /// The number of rows.
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.rows
     }
 
     /// The cells of row `row`.
-    pub fn row(&self, row: usize) -> Vec<Cell<'_>> {
+    pub(crate) fn row(&self, row: usize) -> Vec<Cell<'_>> {
         self.cols.iter().map(|c| cell(c, row)).collect()
     }
 
     /// Appends row `row` as a binary COPY tuple (field count, then each field's length and
     /// bytes) with `extra` after the batch's cells; `types` holds one type per field. The
     /// error gives the field's index and why.
-    pub fn put_copy_row(
+    pub(crate) fn put_copy_row(
         &self,
         row: usize,
         types: &[Type],
@@ -193,13 +193,13 @@ impl CopyRows {
 }
 
 /// The start of binary COPY data: signature, flags, header extension length.
-pub const COPY_HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
+pub(crate) const COPY_HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
 /// The end of binary COPY data: a field count of -1.
-pub const COPY_TRAILER: &[u8] = &[0xff, 0xff];
+pub(crate) const COPY_TRAILER: &[u8] = &[0xff, 0xff];
 
 /// One cell, ready for binary COPY or a bind parameter.
 #[derive(Debug, Clone, Copy)]
-pub enum Cell<'a> {
+pub(crate) enum Cell<'a> {
     Null,
     Text(&'a str),
     I16(i16),
@@ -297,7 +297,7 @@ impl ToSql for Cell<'_> {
 
 /// PostgreSQL's binary NUMERIC: ndigits, weight, sign, dscale, then base-10000 digits.
 /// A negative `scale` means `value * 10^-scale` (written with scale 0, exactly).
-pub fn write_numeric(value: i128, scale: i8, out: &mut BytesMut) {
+pub(crate) fn write_numeric(value: i128, scale: i8, out: &mut BytesMut) {
     let negative = value < 0;
     let mut digits = value.unsigned_abs().to_string();
     let scale = if scale < 0 {
@@ -353,7 +353,7 @@ pub fn write_numeric(value: i128, scale: i8, out: &mut BytesMut) {
 
 /// Whether a column's values are compared as text (with `COLLATE "C"`, byte order, like
 /// Arrow's) in the upsert guard.
-pub fn is_text(dt: &DataType) -> bool {
+pub(crate) fn is_text(dt: &DataType) -> bool {
     matches!(
         dt,
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View

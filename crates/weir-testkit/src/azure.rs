@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use base64::Engine;
 
 /// The emulator's well-known development account.
-pub const ACCOUNT: &str = "devstoreaccount1";
+pub(crate) const ACCOUNT: &str = "devstoreaccount1";
 const KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 

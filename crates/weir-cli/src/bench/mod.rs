@@ -38,7 +38,7 @@ use ceilings::{librdkafka_ceiling, postgres_floor};
 
 /// The scenarios of `weir bench` (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Scenario {
+pub(crate) enum Scenario {
     All,
     FixedCost,
     Throughput,
@@ -60,7 +60,7 @@ impl Scenario {
 }
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Which scenario to run.
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     pub scenario: Scenario,
@@ -244,7 +244,7 @@ async fn scenario(
     Ok(())
 }
 
-pub async fn run(args: BenchArgs) -> Result<()> {
+pub(crate) async fn run(args: BenchArgs) -> Result<()> {
     let tmp;
     let work = match &args.dir {
         Some(d) => d.clone(),

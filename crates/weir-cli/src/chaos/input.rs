@@ -11,9 +11,9 @@ use weir_core::source::decode;
 use crate::demo::produce_lines;
 use crate::generate::{GenArgs, Written, generate, orders_schema};
 
-pub const PARTITIONS: i32 = 3;
+pub(super) const PARTITIONS: i32 = 3;
 
-pub struct Input {
+pub(super) struct Input {
     pub files_dir: PathBuf,
     pub kafka: Option<(String, String)>,
     pub next_file: usize,
@@ -28,7 +28,7 @@ pub struct Input {
 
 impl Input {
     /// Adds `files` files of orders (and produces them for Kafka); returns the rows added.
-    pub async fn add(&mut self, files: usize) -> Result<u64> {
+    pub(super) async fn add(&mut self, files: usize) -> Result<u64> {
         let mut args = GenArgs::new(
             self.files_dir.clone(),
             files,
@@ -51,7 +51,7 @@ impl Input {
     }
 
     /// Every input row, in the orders schema.
-    pub fn rows(&self) -> Result<Vec<RecordBatch>> {
+    pub(super) fn rows(&self) -> Result<Vec<RecordBatch>> {
         let schema = orders_schema();
         let mut out = Vec::new();
         for w in &self.written {
@@ -65,7 +65,7 @@ impl Input {
     }
 
     /// The rows of each input file, by file name.
-    pub fn rows_by_name(&self) -> std::collections::HashMap<String, usize> {
+    pub(super) fn rows_by_name(&self) -> std::collections::HashMap<String, usize> {
         self.written
             .iter()
             .filter_map(|w| Some((w.path.file_name()?.to_string_lossy().into_owned(), w.rows)))

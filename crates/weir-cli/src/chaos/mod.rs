@@ -42,17 +42,17 @@ use weir_core::storage::{Location, StorageOptions};
 use crate::generate::SplitMix;
 use crate::pipeline::Pipeline;
 use input::{Input, PARTITIONS};
-pub use retarget::{Target, retarget};
+pub(crate) use retarget::{Target, retarget};
 use supervise::{Ended, log_tail, spawn, wait};
 
 /// What a power cut leaves alone: the input (upstream's), the run logs, the pipeline file.
 const NOT_CUT: &[&str] = &["input", "runs", "pipeline.toml"];
 
 /// The worked example, the default pipeline.
-pub const EXAMPLE: &str = include_str!("../../../../examples/orders_upsert.toml");
+pub(crate) const EXAMPLE: &str = include_str!("../../../../examples/orders_upsert.toml");
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct ChaosArgs {
+pub(crate) struct ChaosArgs {
     /// How many times to kill the pipeline.
     #[arg(long, default_value_t = 20)]
     pub kills: u32,
@@ -125,7 +125,7 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 
 /// What happened, as the table and `--json` show it.
 #[derive(Debug, Default, Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub kills: u32,
     pub sigkills: u32,
     pub points: BTreeMap<String, u32>,
@@ -145,7 +145,7 @@ pub struct Summary {
 
 /// The fault points a batch of this pipeline passes, in order: the runner's around the
 /// function, and each sink's own, as the sinks declare them.
-pub fn points(p: &Pipeline) -> Vec<&'static str> {
+pub(crate) fn points(p: &Pipeline) -> Vec<&'static str> {
     let mut out: Vec<&'static str> = RUNNER_POINTS[..2].to_vec();
     for s in &p.sinks {
         out.extend(s.harness().fault_points());
@@ -228,7 +228,7 @@ fn check_replay(p: &Pending, log: &std::path::Path, s: &mut Summary) {
     }
 }
 
-pub async fn run(mut args: ChaosArgs) -> Result<()> {
+pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
     args.kafka = args.kafka.or_else(|| std::env::var("KAFKA_BOOTSTRAP").ok());
     args.postgres = args.postgres.or_else(|| std::env::var("DATABASE_URL").ok());
     let dir = std::path::absolute(&args.dir)?;

@@ -15,10 +15,10 @@ use weir_core::storage::journal::Journal;
 
 /// What a folder held: for each path, whether it is a folder, its size and its mtime.
 #[derive(Debug, Default)]
-pub struct Snapshot(BTreeMap<PathBuf, (bool, u64, u128)>);
+pub(super) struct Snapshot(BTreeMap<PathBuf, (bool, u64, u128)>);
 
 /// Lists `root` recursively, leaving out the top-level names in `skip`.
-pub fn snapshot(root: &Path, skip: &[&str]) -> Result<Snapshot> {
+pub(super) fn snapshot(root: &Path, skip: &[&str]) -> Result<Snapshot> {
     let mut out = BTreeMap::new();
     let mut todo = vec![root.to_path_buf()];
     while let Some(dir) = todo.pop() {
@@ -54,7 +54,12 @@ pub fn snapshot(root: &Path, skip: &[&str]) -> Result<Snapshot> {
 
 /// Removes, under `root`, what the journal at `journal` does not show as durable among the
 /// paths that are new or changed since `before`. Returns the paths removed.
-pub fn cut(root: &Path, skip: &[&str], before: &Snapshot, journal: &Path) -> Result<Vec<PathBuf>> {
+pub(super) fn cut(
+    root: &Path,
+    skip: &[&str],
+    before: &Snapshot,
+    journal: &Path,
+) -> Result<Vec<PathBuf>> {
     let text = match std::fs::read_to_string(journal) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),

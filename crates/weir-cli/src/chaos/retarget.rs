@@ -10,7 +10,7 @@ use weir_core::storage::Location;
 use crate::pipeline::Pipeline;
 
 /// Where a chaos (or bench) run points a pipeline.
-pub struct Target<'a> {
+pub(crate) struct Target<'a> {
     /// The run's folder (local).
     pub dir: &'a Path,
     /// Where the checkpoint and the sinks' files go (the run's folder, or an object-store
@@ -25,11 +25,11 @@ pub struct Target<'a> {
 }
 
 /// The table-name prefix of chaos runs.
-pub const PREFIX: &str = "weir_chaos_";
+pub(super) const PREFIX: &str = "weir_chaos_";
 
 /// Retargets `p` in place: checkpoint, trigger available-now, the source onto the feed, each
 /// sink into a fresh place. Refuses what chaos cannot check.
-pub fn retarget(p: &mut Pipeline, t: &Target<'_>) -> Result<()> {
+pub(crate) fn retarget(p: &mut Pipeline, t: &Target<'_>) -> Result<()> {
     p.base = Some(t.dir.to_path_buf());
     p.query.checkpoint = t.store.join("checkpoint").url_string();
     p.query.trigger = Some("available-now".into());

@@ -26,7 +26,7 @@ use crate::generate::orders_schema;
 use crate::pipeline::Pipeline;
 
 /// What the pipeline's stateful steps are, as the reference needs them.
-pub struct Plan {
+pub(super) struct Plan {
     event: usize,
     delay_us: i64,
     dedupe: Option<(Vec<usize>, bool)>,
@@ -64,7 +64,7 @@ fn column(name: &str) -> Result<usize> {
 
 /// The plan of `p`'s stateful steps; `None` if it has none. Refuses what the reference
 /// cannot compute exactly.
-pub fn plan(p: &Pipeline) -> Result<Option<Plan>> {
+pub(super) fn plan(p: &Pipeline) -> Result<Option<Plan>> {
     let Some(t) = &p.transform else {
         return Ok(None);
     };
@@ -163,13 +163,13 @@ fn parse_agg(s: &str) -> Result<(Func, Option<usize>, String)> {
 
 /// The rows the committed batches passed on, in the output's schema; mismatches of the
 /// recorded watermarks go to `v`. `last_state`: the state sizes of the last batch.
-pub struct Reference {
+pub(super) struct Reference {
     pub schema: SchemaRef,
     pub rows: Vec<RecordBatch>,
     pub state_sizes: Vec<usize>,
 }
 
-pub async fn reference(
+pub(super) async fn reference(
     plan: &Plan,
     input: &Input,
     cp: &Checkpoint,
@@ -500,7 +500,7 @@ fn add_one(acc: &ScalarValue) -> ScalarValue {
 
 /// The state of the last committed batch: each operator's `numRowsTotal` in its progress
 /// report (if the report was written before the run ended) against the reference's.
-pub fn check_state_sizes(
+pub(super) fn check_state_sizes(
     r: &Reference,
     progress: &[serde_json::Value],
     committed: u64,

@@ -10,7 +10,7 @@ use tokio::process::{Child, Command};
 
 /// How a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
+pub(super) enum Ended {
     /// It exited by itself with this status.
     Exited(ExitStatus),
     /// It was still running after the delay and got SIGKILL.
@@ -19,7 +19,7 @@ pub enum Ended {
 
 /// Starts `weir run <pipeline> --quiet --progress <log>.jsonl` with `WEIR_FAULT=fault`,
 /// output to `<log>.log`.
-pub fn spawn(
+pub(super) fn spawn(
     weir: &Path,
     pipeline: &Path,
     log: &Path,
@@ -51,7 +51,7 @@ pub fn spawn(
 
 /// Waits for the child; with `kill_after`, sends SIGKILL when that passes first. A run that
 /// goes on for `limit` is killed and reported as an error.
-pub async fn wait(
+pub(super) async fn wait(
     child: &mut Child,
     kill_after: Option<Duration>,
     limit: Duration,
@@ -81,7 +81,7 @@ pub async fn wait(
 }
 
 /// The last lines a run printed, for error messages.
-pub fn log_tail(log: &Path) -> String {
+pub(super) fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log.with_extension("log")).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(8)..].join("\n")

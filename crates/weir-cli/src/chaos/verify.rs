@@ -19,7 +19,7 @@ use weir_core::datafusion::arrow::record_batch::RecordBatch;
 
 /// Every sink's rows against `all` (the input, or what the stateful steps passed on), and
 /// its bookkeeping for `committed` batches.
-pub async fn check_sinks(
+pub(super) async fn check_sinks(
     p: &Pipeline,
     schema: &SchemaRef,
     all: &[RecordBatch],
@@ -49,7 +49,7 @@ pub async fn check_sinks(
 
 /// The source: the committed batches read everything that was produced, each input once,
 /// and every progress report counts exactly the rows of its range.
-pub async fn check_source(
+pub(super) async fn check_source(
     feed: &Feed,
     input: &Input,
     checkpoint: &Checkpoint,

@@ -33,7 +33,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(id: uuid::Uuid, name: String) -> Self {
+    pub(crate) fn new(id: uuid::Uuid, name: String) -> Self {
         Shared {
             id,
             run_id: uuid::Uuid::new_v4(),
@@ -46,17 +46,17 @@ impl Shared {
     }
 
     /// Records the batch being run, for errors that happen outside it.
-    pub fn set_current_batch(&self, id: u64) {
+    pub(crate) fn set_current_batch(&self, id: u64) {
         self.current.store(id, Ordering::Relaxed);
     }
 
     /// The batch being run, if one started.
-    pub fn current_batch(&self) -> Option<u64> {
+    pub(crate) fn current_batch(&self) -> Option<u64> {
         let v = self.current.load(Ordering::Relaxed);
         (v != u64::MAX).then_some(v)
     }
 
-    pub fn push_progress(&self, p: StreamingQueryProgress) {
+    pub(crate) fn push_progress(&self, p: StreamingQueryProgress) {
         if let Ok(mut q) = self.progress.lock() {
             if q.len() == RECENT_PROGRESS {
                 q.pop_front();

@@ -39,9 +39,9 @@ use crate::storage::{Location, WriteOutcome, blocking};
 /// The fault points of the Parquet sink, in the order a batch passes them.
 pub const PARQUET_POINTS: &[&str] = &[POINT_BEFORE_WRITE, POINT_AFTER_WRITE];
 /// Before the first part is written.
-pub const POINT_BEFORE_WRITE: &str = "parquet-before-rename";
+pub(super) const POINT_BEFORE_WRITE: &str = "parquet-before-rename";
 /// After every part is in place and stale parts are removed.
-pub const POINT_AFTER_WRITE: &str = "parquet-after-rename";
+pub(super) const POINT_AFTER_WRITE: &str = "parquet-after-rename";
 
 /// The file that names the query owning the folder.
 pub(crate) const OWNER: &str = "_weir_query";

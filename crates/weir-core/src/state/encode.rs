@@ -41,7 +41,7 @@ fn schema(kind: Kind, version: u64) -> Arc<Schema> {
 }
 
 /// Encodes `rows` (key, value; `None`: removed) as the file of `version`.
-pub fn encode<'a>(
+pub(super) fn encode<'a>(
     kind: Kind,
     version: u64,
     rows: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
@@ -85,7 +85,7 @@ pub fn encode<'a>(
 /// is returned for a file that is not a complete state file of that kind and version, or
 /// whose keys are not in strictly ascending order (as every file is written: this catches
 /// a repeated key and much damage inside a file).
-pub fn decode(
+pub(super) fn decode(
     bytes: Bytes,
     kind: Kind,
     version: u64,

@@ -31,7 +31,7 @@ fn recorder(
 }
 
 mod futures_like {
-    pub type Fut = std::pin::Pin<
+    pub(super) type Fut = std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<(), weir_core::BoxError>> + Send>,
     >;
 }
