@@ -5,7 +5,7 @@ Edges: every `use` path and every inline `crate::`/`super::` path outside commen
 and the `mod tests` block, resolved to the deepest module file that exists. An edge from a
 module to one of its own descendants (`mod x;`, `pub use x::Item`) is the module tree, not a
 dependency, and is not counted. Prints each cycle with its edges and the top-level module
-graph; exits 1 if there is a cycle.
+graph; exits 1 if there is a cycle between files or between top-level modules.
 
 Usage: .ci/import_cycles.py crates/weir-core/src [--strict]
 """
@@ -129,5 +129,22 @@ for a,bs in edges.items():
     for b in bs:
         if a[:1]!=b[:1] and a and b: top.setdefault(a[0],set()).add(b[0])
 print('TOP', {k:sorted(v) for k,v in sorted(top.items())})
+# and no cycle between the top-level modules either (error, storage, source, sink, ...)
+seen_top = {}
+def top_cycle(v, path):
+    seen_top[v] = 'open'
+    for w in sorted(top.get(v, ())):
+        if seen_top.get(w) == 'open': return path + [v, w]
+        if w not in seen_top:
+            found = top_cycle(w, path + [v])
+            if found: return found
+    seen_top[v] = 'done'
+    return None
+top_found = None
+for v in sorted(top):
+    if v not in seen_top:
+        top_found = top_found or top_cycle(v, [])
+if top_found:
+    print('top-level cycle:', ' -> '.join(top_found))
 
-sys.exit(1 if sccs else 0)
+sys.exit(1 if sccs or top_found else 0)

@@ -12,11 +12,9 @@ use std::marker::PhantomData;
 
 use serde::{Deserialize, Serialize};
 use weir_core::connector::{
-    BuildEnv, SinkConnector, SinkHarness, SinkSpec, SourceConnector, SourceHarness, SourceSpec,
+    BuildEnv, FilesConfig, ParquetConfig, RateConfig, SinkConnector, SinkHarness, SinkSpec,
+    SourceConnector, SourceHarness, SourceSpec,
 };
-use weir_core::sink::ParquetConfig;
-use weir_core::source::RateConfig;
-use weir_core::source::file::FilesConfig;
 use weir_core::{Result, StreamingDataFrame, WeirSession};
 use weir_delta::{DeltaAppendConfig, DeltaMergeConfig};
 use weir_kafka::KafkaConfig;

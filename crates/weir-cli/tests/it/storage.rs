@@ -252,7 +252,7 @@ path = "{parquet}"
         app_id: None,
         strict_versions: true,
     };
-    let parquet = weir_core::sink::ParquetReader {
+    let parquet = weir_core::connector::ParquetReader {
         dir: root.join("parquet"),
     };
     use weir_core::connector::SinkVerifier;
@@ -373,7 +373,7 @@ async fn a_pipeline_on_azure_blob_storage_lands_every_row_once() {
         app_id: None,
         strict_versions: true,
     };
-    let parquet = weir_core::sink::ParquetReader {
+    let parquet = weir_core::connector::ParquetReader {
         dir: root.join("parquet"),
     };
     let mut v = compare_append(

@@ -13,10 +13,16 @@
 //!   (table versions, ledger rows) for a number of committed batches;
 //! - [`SinkConnector`] or [`SourceConnector`]: the `type = "..."` it is written as.
 //!
+//! The configs of the connectors weir-core itself holds (files, rate, Parquet) live here,
+//! above the sources and sinks they build, so `source` and `sink` never import `connector`.
+//!
 //! Adding a sink means one crate (one folder) with these, and one line in the `weir`
 //! crate's registry (`weir::config`), which every pipeline file, `weir chaos`, `weir bench`
 //! and the Python package read their `type = ...` tables through.
 
+mod files;
+mod parquet;
+mod rate;
 mod text;
 mod verify;
 
@@ -35,6 +41,9 @@ use crate::sink::ForeachBatch;
 pub use crate::sink::QueryIdentity;
 use crate::source::{ReadLimit, Source};
 use crate::storage::{Location, StorageOptions};
+pub use files::{CleanName, FilesConfig, FormatName};
+pub use parquet::{ParquetConfig, ParquetReader};
+pub use rate::RateConfig;
 pub use text::{DurationText, SchemaText, parse_schema};
 pub use verify::{compare_append, compare_upsert, newest_per_key};
 

@@ -9,7 +9,6 @@
 
 mod context;
 mod parquet;
-mod parquet_config;
 mod parquet_dictionary;
 pub mod recorded;
 pub mod upsert;
@@ -27,8 +26,8 @@ use crate::error::{BoxError, Error};
 /// Where it was first: the chain printer lives with the error type now.
 pub use crate::error::error_chain;
 pub use context::{BatchContext, CACHE_DURATION_KEY, QueryIdentity, SinkMetric, SinkMetrics};
+pub(crate) use parquet::OWNER;
 pub use parquet::{PARQUET_POINTS, ParquetCompression, ParquetSink};
-pub use parquet_config::{ParquetConfig, ParquetReader};
 pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
 
 /// The user's function: called once per attempt of a batch, on one task, batches in order.

@@ -25,7 +25,7 @@ use crate::storage::Location;
 pub use decode::BadRecordMode;
 pub use file::{CleanSource, FileFormat, FileSource, FileSourceOptions};
 pub use memory::MemorySource;
-pub use rate::{RateConfig, RateSource};
+pub use rate::RateSource;
 
 /// A position in a source, opaque to the engine and stored as JSON in the offset log
 /// (Kafka: `{"orders":{"0":123}}`, files: `{"logOffset":4}`).

@@ -29,7 +29,6 @@
 //! Every 10th log entry is written as `<N>.compact` holding the entries still needed: the
 //! remembered files and the batches within retention.
 
-mod config;
 mod log;
 mod read;
 
@@ -48,7 +47,6 @@ use super::{ReadLimit, Source, SourceInit, SourceOffset};
 use crate::error::{Error, Result};
 use crate::logfile::retention::{Purge, log_keep_from, purge};
 use crate::storage::{FileMeta, ListingCursor, Location, blocking, is_hidden};
-pub use config::{CleanName, FilesConfig, FormatName};
 pub use log::FileEntry;
 use log::{COMPACT_INTERVAL, entry_name};
 

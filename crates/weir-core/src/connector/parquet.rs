@@ -8,13 +8,12 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::{Deserialize, Serialize};
 
-use super::ForeachBatch;
-use super::parquet::{OWNER, PARQUET_POINTS, ParquetCompression, ParquetSink};
-use crate::connector::{
+use super::{
     BuildEnv, QueryIdentity, Relocation, SinkConnector, SinkHarness, SinkShape, SinkSpec,
     SinkVerifier, Verdict,
 };
 use crate::error::{Error, Result};
+use crate::sink::{ForeachBatch, OWNER, PARQUET_POINTS, ParquetCompression, ParquetSink};
 use crate::storage::{Location, blocking, is_hidden};
 
 /// `[[sink]] type = "parquet"`.

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::{CleanSource, FileFormat, FileSource, FileSourceOptions};
-use crate::connector::{
+use super::{
     BuildEnv, DurationText, Feed, FeedKind, SchemaText, SourceConnector, SourceHarness, SourceSpec,
 };
 use crate::error::{Error, Result};
 use crate::source::decode::output_schema;
+use crate::source::file::{CleanSource, FileFormat, FileSource, FileSourceOptions};
 use crate::source::{BadRecordMode, ReadLimit, Source};
 
 /// The file format names of a pipeline file.
