@@ -64,6 +64,17 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         stall_intervals: u32,
     },
+    /// Runs a worker: executes the plan stages that drivers (`weir run` of a pipeline with
+    /// `[cluster]`) send. It keeps no state; stop it with SIGTERM or Ctrl-C.
+    Worker {
+        /// The address to listen on, e.g. 0.0.0.0:7400 (port 0: a free port, printed).
+        #[arg(long)]
+        listen: String,
+        /// The cluster token drivers must send, or env:NAME to read it from the
+        /// environment. Without it, any driver of the same weir version is served.
+        #[arg(long)]
+        token: Option<String>,
+    },
     /// Checks a pipeline file without running it: keys, values, paths, secrets.
     Check {
         /// The pipeline file.
@@ -177,6 +188,7 @@ async fn dispatch(command: Command) -> Result<()> {
             );
             Ok(())
         }
+        Command::Worker { listen, token } => run_worker(&listen, token.as_deref()).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Gen(args) => {
             let files = generate::generate(&args)?;
@@ -265,6 +277,33 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         std::process::exit(if first == "SIGINT" { 130 } else { 143 });
     });
     query.await_termination().await?;
+    Ok(())
+}
+
+/// `weir worker`: serves until SIGTERM or Ctrl-C.
+async fn run_worker(listen: &str, token: Option<&str>) -> Result<()> {
+    let token = token
+        .map(|t| weir_core::connector::secret("--token", t))
+        .transpose()?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("--listen {listen}: cannot listen there"))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    eprintln!(
+        "weir worker: listening on http://{addr} (weir {}, {})",
+        weir_cluster::VERSION,
+        if token.is_some() {
+            "token required"
+        } else {
+            "no token"
+        }
+    );
+    let mut signals = Signals::new()?;
+    weir_cluster::worker::serve(listener, token, async move {
+        let why = signals.next().await;
+        eprintln!("weir worker: {why}: stopping");
+    })
+    .await?;
     Ok(())
 }
 

@@ -28,6 +28,10 @@
 //! [[sink]]
 //! type = "parquet"
 //! path = "out"
+//!
+//! [cluster]                          # optional: run batches on `weir worker`s
+//! workers = ["http://10.0.0.5:7400", "http://10.0.0.6:7400"]
+//! token = "env:WEIR_CLUSTER_TOKEN"
 //! ```
 //!
 //! Each `type` is a connector's config type (`weir::config`: adding a connector adds one
@@ -40,6 +44,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
 pub(crate) use weir::config::{SinkConfig, SourceConfig};
+use weir_cluster::{ClusterConfig, WeirCluster};
 use weir_core::connector::{BuildEnv, DurationText, SinkShape, secret};
 use weir_core::datafusion::arrow::datatypes::Schema;
 use weir_core::engine::{Transform, TransformOutput};
@@ -57,6 +62,9 @@ pub(crate) struct Pipeline {
     pub transform: Option<TransformConfig>,
     #[serde(rename = "sink")]
     pub sinks: Vec<SinkConfig>,
+    /// Workers to run batches on (`weir worker`s); without it, batches run in this process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
     /// The pipeline file's folder: relative paths are taken from here.
     #[serde(skip)]
     pub base: Option<PathBuf>,
@@ -222,6 +230,9 @@ impl Pipeline {
     /// Checks the values serde cannot, without reading or writing anything.
     pub(crate) fn check(&self) -> Result<()> {
         self.trigger()?;
+        if let Some(c) = &self.cluster {
+            c.check()?;
+        }
         if let Some(t) = &self.transform {
             for (name, keys) in [
                 ("drop-duplicates", &t.drop_duplicates),
@@ -297,7 +308,7 @@ impl Pipeline {
         let (columns, note): (Vec<String>, Option<String>) = match &self.transform {
             None => (names_of(&source), None),
             Some(t) => match self
-                .session()?
+                .local_session()?
                 .check_transforms(source, &t.steps()?)
                 .await?
             {
@@ -367,8 +378,17 @@ impl Pipeline {
             .collect()
     }
 
-    /// The session for this pipeline: its storage settings.
+    /// The session for this pipeline: its storage settings, and its cluster if it has one.
     pub(crate) fn session(&self) -> Result<WeirSession> {
+        let session = self.local_session()?;
+        Ok(match &self.cluster {
+            Some(c) => session.cluster(Arc::new(WeirCluster::new(c)?)),
+            None => session,
+        })
+    }
+
+    /// The session without the cluster (for checks that plan without running).
+    fn local_session(&self) -> Result<WeirSession> {
         Ok(WeirSession::new().storage_options(self.env()?.storage))
     }
 

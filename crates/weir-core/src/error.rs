@@ -205,6 +205,11 @@ pub enum Error {
     /// Something that should not happen did (a task the engine started ended abnormally).
     #[error("internal error: {what}")]
     Internal { what: String },
+
+    /// The cluster the query runs on refused or failed it (no worker reachable, a worker
+    /// of another version or without the token, a task that failed on a worker).
+    #[error("cluster: {reason}")]
+    Cluster { reason: String },
 }
 
 impl Error {

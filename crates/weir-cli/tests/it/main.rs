@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod chaos;
+mod cluster;
 mod config;
 mod durability;
 mod kills;

@@ -60,6 +60,7 @@ pub struct WeirSession {
     config: SessionConfig,
     runtime: Arc<RuntimeEnv>,
     storage: StorageOptions,
+    cluster: Option<Arc<dyn crate::engine::Cluster>>,
 }
 
 impl Default for WeirSession {
@@ -80,7 +81,16 @@ impl WeirSession {
             config,
             runtime: Arc::new(RuntimeEnv::default()),
             storage: StorageOptions::default(),
+            cluster: None,
         }
+    }
+
+    /// Runs this session's queries on a cluster's workers (`weir-cluster`): the source's
+    /// range is read and the stateless steps run where the plan runs; this process keeps
+    /// the checkpoint and calls the function.
+    pub fn cluster(mut self, cluster: Arc<dyn crate::engine::Cluster>) -> Self {
+        self.cluster = Some(cluster);
+        self
     }
 
     /// Object-store settings (endpoint, region, credentials, ...) for every `s3://`,
@@ -126,6 +136,17 @@ impl WeirSession {
         let mut config = self.config.clone();
         if let Some(n) = target_partitions {
             config = config.with_target_partitions(n);
+        }
+        if let Some(cluster) = &self.cluster {
+            // The top-one rule's node has no codec yet: on a cluster the newest row per key
+            // is DataFusion's sort and window, which the planner distributes.
+            let config = config.with_extension(Arc::new(crate::source::file::ScansOnCluster));
+            let builder = datafusion::execution::SessionStateBuilder::new()
+                .with_config(config)
+                .with_runtime_env(self.runtime.clone())
+                .with_default_features()
+                .with_query_planner(Arc::new(crate::engine::WeirQueryPlanner));
+            return SessionContext::new_with_state(cluster.distribute(builder).build());
         }
         let state = datafusion::execution::SessionStateBuilder::new()
             .with_config(config)
@@ -570,6 +591,7 @@ impl DataStreamWriter {
             })?
             .resolve("query.checkpoint", &self.frame.session.storage)?;
         let session = self.frame.session;
+        let cluster = session.cluster.clone();
         crate::engine::start(StartRequest {
             dir,
             name: self.name.unwrap_or_else(|| "query".to_string()),
@@ -584,6 +606,7 @@ impl DataStreamWriter {
             listeners: self.listeners,
             behind: self.behind,
             no_data_delay: self.no_data_delay,
+            cluster,
         })
         .await
     }

@@ -23,11 +23,21 @@ use crate::source::{ReadLimit, Source, SourceOffset};
 use crate::state::StateConf;
 use crate::storage::Location;
 
-/// A batch's rows read into memory, with the source's figures as of that read.
+/// A batch's rows read into memory, or on a cluster the plan that reads them where it
+/// runs, with the source's figures as of that read.
 pub(super) struct ReadRows {
-    pub table: Arc<MemTable>,
+    pub input: BatchInput,
+    /// Rows read (0 for a plan: its scans count them when it runs).
     pub count: u64,
     pub metrics: BTreeMap<String, String>,
+}
+
+/// A batch's input.
+pub(super) enum BatchInput {
+    /// Read once into this process's memory.
+    Held(Arc<MemTable>),
+    /// The source's plan, read where it runs (on a cluster's workers).
+    Planned(DataFrame),
 }
 
 /// The batch after `start`, planned and read while the batch ending at `start` ran.
@@ -72,9 +82,16 @@ pub(super) async fn read_rows(
     end: &SourceOffset,
 ) -> Result<ReadRows> {
     let df = source.read_range(ctx, start, end).await?;
+    if crate::source::file::scans_on_cluster(ctx) {
+        return Ok(ReadRows {
+            input: BatchInput::Planned(df),
+            count: 0,
+            metrics: source.metrics(),
+        });
+    }
     let (table, count) = materialize(df).await?;
     Ok(ReadRows {
-        table,
+        input: BatchInput::Held(table),
         count,
         metrics: source.metrics(),
     })
@@ -187,11 +204,33 @@ impl Steps {
     pub(super) async fn apply(
         &self,
         ctx: &SessionContext,
-        table: Arc<MemTable>,
+        input: BatchInput,
         batch_id: u64,
         event: Option<&EventTime>,
     ) -> Result<(DataFrame, EventTimeStats)> {
         let mut event_times = EventTimeStats::default();
+        let table = match input {
+            BatchInput::Held(table) => table,
+            // A cluster's plan: stateless steps only (stateful ones are refused at start).
+            BatchInput::Planned(mut df) => {
+                for t in &self.transforms {
+                    df = match t {
+                        Transform::Fn(f) => {
+                            f(df).map_err(|e| Error::datafusion("the DataFrame transform", e))?
+                        }
+                        Transform::Sql(sql) => sql_over_batch(ctx, df, sql).await.map_err(|e| {
+                            Error::datafusion(format!("the SQL transform `{sql}`"), e)
+                        })?,
+                        _ => {
+                            return Err(Error::Internal {
+                                what: "a stateful step on a cluster".into(),
+                            });
+                        }
+                    };
+                }
+                return Ok((df, event_times));
+            }
+        };
         if let [Transform::Sql(sql)] = self.transforms.as_slice() {
             let parts = partitions_of(&table).await;
             let n = ctx.state_ref().read().config().target_partitions();

@@ -1,6 +1,7 @@
 //! The micro-batch engine: triggers, the run loop, progress and the query handle.
 
 mod batch;
+pub mod cluster;
 mod kept_plan;
 pub(crate) use kept_plan::WeirQueryPlanner;
 pub mod progress;
@@ -14,9 +15,11 @@ pub mod top_one;
 mod transform;
 pub mod trigger;
 
+pub use cluster::{Cluster, ClusterRun, WorkerTasks};
 pub use progress::{
-    BehindDetector, DURATION_PHASES, FallingBehind, Phase, QueryIdle, QueryListener, QueryStarted,
-    QueryTerminated, SinkProgress, SourceProgress, StreamingQueryProgress,
+    BehindDetector, ClusterProgress, DURATION_PHASES, FallingBehind, Phase, QueryIdle,
+    QueryListener, QueryStarted, QueryTerminated, SinkProgress, SourceProgress,
+    StreamingQueryProgress,
 };
 pub use query::StreamingQuery;
 pub use start::PIN_TARGET_PARTITIONS;

@@ -32,6 +32,18 @@ pub struct StreamingQueryProgress {
     pub state_operators: Vec<serde_json::Value>,
     pub sources: Vec<SourceProgress>,
     pub sink: SinkProgress,
+    /// On a cluster: what each worker did for the batch (weir's own field; absent without
+    /// a cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterProgress>,
+}
+
+/// Progress's `cluster` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterProgress {
+    /// Per worker that ran a task of the batch: its URL, tasks and input rows.
+    pub workers: Vec<super::cluster::WorkerTasks>,
 }
 
 impl StreamingQueryProgress {
@@ -294,6 +306,7 @@ mod tests {
             duration_ms: [("addBatch".to_string(), 1078u64)].into_iter().collect(),
             event_time: BTreeMap::new(),
             state_operators: vec![],
+            cluster: None,
             sources: vec![],
             sink: SinkProgress {
                 description: "ForeachBatchSink".into(),

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::cluster::WorkerTasks;
 use super::progress::{
-    BehindDetector, Durations, FallingBehind, Phase, QueryListener, SinkProgress, SourceProgress,
-    StreamingQueryProgress,
+    BehindDetector, ClusterProgress, Durations, FallingBehind, Phase, QueryListener, SinkProgress,
+    SourceProgress, StreamingQueryProgress,
 };
 use super::query::Shared;
 use crate::sink::SinkMetrics;
@@ -24,6 +25,8 @@ pub(super) struct Timing {
     pub state_operators: Vec<serde_json::Value>,
     /// Spark's `eventTime` entry (empty without a watermark).
     pub event_time: BTreeMap<String, String>,
+    /// On a cluster: what each worker did.
+    pub cluster: Option<Vec<WorkerTasks>>,
 }
 
 /// The range a batch read, as its report names it.
@@ -52,6 +55,7 @@ pub(super) fn progress(
         durations,
         state_operators,
         event_time,
+        cluster,
     } = timing;
     let total_ms = durations.get(Phase::TriggerExecution);
     let processed = per_second(rows, total_ms as f64 / 1000.0);
@@ -86,6 +90,7 @@ pub(super) fn progress(
             num_output_rows: sink.output_rows(),
             metrics: sink.entries().into_iter().collect(),
         },
+        cluster: cluster.map(|workers| ClusterProgress { workers }),
     }
 }
 

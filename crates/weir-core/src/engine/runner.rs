@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
+use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use futures::FutureExt;
 use tokio::sync::Mutex;
@@ -33,6 +34,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::batch::{self, Ahead, ReadRows, Steps, read_ahead, read_rows};
+use super::cluster::{Cluster, WorkerTasks, run_on_cluster};
 use super::progress::{BehindDetector, Durations, Phase, QueryIdle, QueryListener, QueryStarted};
 use super::query::Shared;
 use super::report::{self, Range, Timing};
@@ -62,6 +64,8 @@ pub(crate) struct QuerySpec {
     pub ctx: SessionContext,
     pub conf: BTreeMap<String, String>,
     pub no_data_delay: Duration,
+    /// Where batches run, when not in this process.
+    pub cluster: Option<Arc<dyn Cluster>>,
 }
 
 /// The loop of one query.
@@ -99,6 +103,8 @@ struct Ran {
     next_watermark: i64,
     /// Spark's `eventTime` entry (empty without a watermark).
     event_time: BTreeMap<String, String>,
+    /// On a cluster: what each worker did.
+    cluster: Option<Vec<WorkerTasks>>,
 }
 
 impl Runner {
@@ -335,6 +341,7 @@ impl Runner {
                 state_operators,
                 next_watermark,
                 event_time,
+                cluster,
             } = self
                 .run_batch(
                     &planned,
@@ -356,6 +363,7 @@ impl Runner {
                 durations,
                 state_operators,
                 event_time,
+                cluster,
             };
             self.report(
                 &planned,
@@ -523,7 +531,7 @@ impl Runner {
             }
         };
         let ReadRows {
-            table,
+            input,
             count: rows,
             metrics: source_metrics,
         } = read;
@@ -537,10 +545,31 @@ impl Runner {
         });
         let (df, event_times) = self
             .steps
-            .apply(ctx, table, id, event.as_ref())
+            .apply(ctx, input, id, event.as_ref())
             .await
             .map_err(self.in_batch(id, "applying the transforms"))?;
         durations.since(Phase::QueryPlanning, t);
+        // On a cluster the plan runs on the workers now (reading is part of it); the
+        // function gets its rows, held here.
+        let (df, rows, cluster) = match &self.spec.cluster {
+            None => (df, rows, None),
+            Some(c) => {
+                let t = Instant::now();
+                let run = run_on_cluster(c, df.clone(), id)
+                    .await
+                    .map_err(self.in_batch(id, "running the batch's plan on the cluster"))?;
+                let schema = df.schema().inner().clone();
+                let held = MemTable::try_new(schema, vec![run.batches])
+                    .map_err(|e| Error::datafusion("holding the batch", e))
+                    .map_err(self.in_batch(id, "holding the cluster's rows"))?;
+                let df = ctx
+                    .read_table(Arc::new(held))
+                    .map_err(|e| Error::datafusion("reading the held batch", e))?;
+                let read_ms = durations.get(Phase::GetBatch) + t.elapsed().as_millis() as u64;
+                durations.set(Phase::GetBatch, read_ms);
+                (df, run.input_rows, Some(run.workers))
+            }
+        };
 
         // The next batch is read while this one's function writes (see the module docs).
         let ahead = reads_ahead(&self.spec.trigger);
@@ -625,6 +654,7 @@ impl Runner {
             state_operators,
             next_watermark,
             event_time,
+            cluster,
         })
     }
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use datafusion::prelude::SessionContext;
 
+use super::cluster::{Cluster, check_steps_on_cluster};
 use super::progress::QueryTerminated;
 use super::progress::{BehindDetector, QueryListener};
 use super::query::Status;
@@ -51,11 +52,25 @@ pub(crate) struct StartRequest {
     pub listeners: Vec<Arc<dyn QueryListener>>,
     pub behind: BehindDetector,
     pub no_data_delay: Duration,
+    /// Where batches run, when not in this process.
+    pub cluster: Option<Arc<dyn Cluster>>,
 }
 
 /// Checks everything, takes the checkpoint, decides where to start and spawns the query.
 pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
     check_at_start(&req.source.schema(), &req.transforms)?;
+    if let Some(cluster) = &req.cluster {
+        check_steps_on_cluster(&req.transforms)?;
+        // No usable worker is an error before batch 0, naming each worker and why.
+        let usable = cluster.prepare().await?;
+        tracing::info!(
+            query = %req.name,
+            "running on the cluster {}: {} usable worker(s): {}",
+            cluster.describe(),
+            usable.len(),
+            usable.join(", ")
+        );
+    }
     let checkpoint = Checkpoint::open(req.dir, &req.name, req.lease).await?;
     let opened = released_on_error(&checkpoint, async {
         let start = checkpoint.recover().await?;
@@ -97,6 +112,7 @@ pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
         ctx,
         conf,
         no_data_delay: req.no_data_delay,
+        cluster: req.cluster,
     };
     tokio::spawn(run(spec, shared.clone()));
     Ok(StreamingQuery { shared })

@@ -29,6 +29,7 @@
 //! Every 10th log entry is written as `<N>.compact` holding the entries still needed: the
 //! remembered files and the batches within retention.
 
+mod leaf;
 mod log;
 mod read;
 
@@ -47,11 +48,12 @@ use super::{ReadLimit, Source, SourceInit, SourceOffset};
 use crate::error::{Error, Result};
 use crate::logfile::retention::{Purge, log_keep_from, purge};
 use crate::storage::{FileMeta, ListingCursor, Location, blocking, is_hidden};
+pub use leaf::{FilesScan, RecordedFilesExec, ScansOnCluster, scans_on_cluster};
 pub use log::FileEntry;
 use log::{COMPACT_INTERVAL, entry_name};
 
 /// The format of the files in the folder.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FileFormat {
     /// One JSON object per line. ISO-8601 strings parse into timestamp columns.
     Json,
@@ -596,6 +598,25 @@ impl Source for FileSource {
             .clone()
             .unwrap_or_else(|| self.schema.clone());
         let mode = self.opts.mode;
+        if leaf::scans_on_cluster(ctx) {
+            // Read where the plan runs: the workers, each its share of the files.
+            let scan = FilesScan {
+                dir: dir.url().to_string(),
+                storage: dir.options().as_map().clone(),
+                format,
+                mode,
+                shares: vec![files],
+                partitions: crate::cores().max(2),
+                projection: None,
+            };
+            let table = leaf::RecordedFilesTable::new(scan, base);
+            return ctx.read_table(std::sync::Arc::new(table)).map_err(|e| {
+                Error::datafusion(
+                    format!("{}: planning logOffset {from}..={to}", self.description()),
+                    e,
+                )
+            });
+        }
         // Two files per core: one is read (listing check, get) while one is decoded, so
         // the cores do not wait on the store at the start of a range.
         let parallel = 2 * crate::cores().max(2);

@@ -1,0 +1,355 @@
+//! `weir run` with `[cluster]` on three `weir worker` processes on this machine: every
+//! input row lands once with workers killed and restarted mid-run and with the driver
+//! killed at its fault points; workers of the wrong token, or none reachable, are refused
+//! before batch 0 naming the worker.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use weir_testkit::{parquet_rows, run_weir, temp_dir};
+
+use crate::{
+    SCHEMA, bin, gen_orders, input_rows, last_progress, progress_batches, run_to_end,
+    run_with_progress,
+};
+
+/// A `weir worker` process, killed when dropped.
+struct Worker {
+    child: Child,
+    url: String,
+}
+
+impl Worker {
+    /// Starts a worker on `listen` (`127.0.0.1:0`: a free port) and waits for its address.
+    fn start(listen: &str, token: Option<&str>) -> Worker {
+        let mut cmd = Command::new(bin());
+        cmd.args(["worker", "--listen", listen])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(t) = token {
+            cmd.args(["--token", t]);
+        }
+        let mut child = cmd.spawn().expect("starting weir worker");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        let first = lines
+            .next()
+            .expect("the worker says where it listens")
+            .unwrap();
+        let url = first
+            .split("listening on ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in: {first}"))
+            .to_string();
+        // Keep draining its stderr so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Worker { child, url }
+    }
+
+    /// The `host:port` it listens on.
+    fn addr(&self) -> String {
+        self.url.trim_start_matches("http://").to_string()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn cluster_pipeline(
+    dir: &Path,
+    workers: &[&Worker],
+    extra: &str,
+    max_files: usize,
+) -> std::path::PathBuf {
+    let urls: Vec<String> = workers.iter().map(|w| format!("\"{}\"", w.url)).collect();
+    let p = dir.join("pipeline.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"[query]
+name = "orders"
+checkpoint = "chk"
+trigger = "available-now"
+
+[source]
+type = "files"
+path = "in"
+format = "json"
+schema = {SCHEMA}
+max-files-per-trigger = {max_files}
+
+[transform]
+sql = "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL"
+
+[[sink]]
+type = "parquet"
+path = "out"
+
+[cluster]
+workers = [{}]
+connect-timeout = "2s"
+{extra}
+"#,
+            urls.join(", ")
+        ),
+    )
+    .unwrap();
+    p
+}
+
+const COLS: [&str; 4] = ["order_id", "status", "amount", "updated_at"];
+
+#[tokio::test]
+async fn three_workers_read_every_file_once_and_each_reports_its_rows() {
+    let ws = [
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+    ];
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 6, 200, 50);
+    let p = cluster_pipeline(dir.path(), &[&ws[0], &ws[1], &ws[2]], "", 3);
+    let progress = dir.path().join("progress.jsonl");
+    let last = run_to_end(&p, &progress);
+    assert_eq!(progress_batches(&progress), vec![0, 1]);
+    assert_eq!(last["numInputRows"], 600);
+
+    // Each batch's three files went to three tasks, one per worker, and the rows each
+    // worker read add up to the batch's.
+    let text = std::fs::read_to_string(&progress).unwrap();
+    for line in text.lines() {
+        let report: serde_json::Value = serde_json::from_str(line).unwrap();
+        let workers = report["cluster"]["workers"].as_array().unwrap().clone();
+        assert_eq!(workers.len(), 3, "{report}");
+        let tasks: u64 = workers.iter().map(|w| w["tasks"].as_u64().unwrap()).sum();
+        assert_eq!(tasks, 3, "{report}");
+        let rows: u64 = workers
+            .iter()
+            .map(|w| w["inputRows"].as_u64().unwrap())
+            .sum();
+        assert_eq!(rows, 600, "{report}");
+        for w in &workers {
+            assert_eq!(w["inputRows"], 200, "one file of 200 rows each: {report}");
+            assert!(
+                ws.iter()
+                    .any(|x| x.url == w["url"].as_str().unwrap().trim_end_matches('/')),
+                "{report}"
+            );
+        }
+    }
+    let got = parquet_rows(&dir.path().join("out"), &COLS).await;
+    assert_eq!(got.len(), 1200);
+    assert_eq!(
+        got,
+        input_rows(&input).await,
+        "every input row exactly once"
+    );
+}
+
+/// A grouping shuffles rows between the workers (a worker reads another's output, with the
+/// token): its result equals the same pipeline's in one process, batch for batch.
+#[tokio::test]
+async fn a_grouping_shuffled_between_token_workers_equals_a_single_process_run() {
+    let ws = [
+        Worker::start("127.0.0.1:0", Some("t0k")),
+        Worker::start("127.0.0.1:0", Some("t0k")),
+        Worker::start("127.0.0.1:0", Some("t0k")),
+    ];
+    let sql = "SELECT status, count(*) AS n, sum(order_id) AS s, min(updated_at) AS first \
+               FROM batch GROUP BY status";
+    let mut outputs = Vec::new();
+    for cluster in [true, false] {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 9, 500, 100);
+        let p = cluster_pipeline(dir.path(), &[&ws[0], &ws[1], &ws[2]], "token = \"t0k\"", 3);
+        let mut text = std::fs::read_to_string(&p).unwrap().replace(
+            "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
+            sql,
+        );
+        if !cluster {
+            text = text[..text.find("[cluster]").unwrap()].to_string();
+        }
+        std::fs::write(&p, text).unwrap();
+        let progress = dir.path().join("progress.jsonl");
+        let last = run_to_end(&p, &progress);
+        assert_eq!(progress_batches(&progress), vec![0, 1, 2]);
+        assert_eq!(last["numInputRows"], 1500, "{last}");
+        assert_eq!(last["cluster"].is_null(), !cluster, "{last}");
+        let got = parquet_rows(&dir.path().join("out"), &["status", "n", "s", "first"]).await;
+        assert!(!got.is_empty());
+        outputs.push(got);
+    }
+    assert_eq!(
+        outputs[0], outputs[1],
+        "the cluster's groups are the single process's"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_killed_and_restarted_mid_run_loses_and_repeats_no_row() {
+    let mut ws = [
+        Worker::start("127.0.0.1:0", Some("s3cret")),
+        Worker::start("127.0.0.1:0", Some("s3cret")),
+        Worker::start("127.0.0.1:0", Some("s3cret")),
+    ];
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 60, 2000, 500);
+    let p = cluster_pipeline(
+        dir.path(),
+        &[&ws[0], &ws[1], &ws[2]],
+        "token = \"env:WEIR_TEST_CLUSTER_TOKEN\"\nmax-batch-attempts = 4",
+        3,
+    );
+    let progress = dir.path().join("progress.jsonl");
+    let driver = Command::new(bin())
+        .args([
+            "run",
+            p.to_str().unwrap(),
+            "--progress",
+            progress.to_str().unwrap(),
+        ])
+        .env("WEIR_TEST_CLUSTER_TOKEN", "s3cret")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill worker 1 once a batch or two have landed, then start it again on its port.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while progress_batches(&progress).len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let addr = ws[1].addr();
+    ws[1].kill();
+    std::thread::sleep(Duration::from_millis(300));
+    ws[1] = Worker::start(&addr, Some("s3cret"));
+    let out = driver.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+
+    let batches = progress_batches(&progress);
+    assert_eq!(batches, (0..20).collect::<Vec<u64>>(), "{stderr}");
+    let got = parquet_rows(&dir.path().join("out"), &COLS).await;
+    assert_eq!(got.len(), 120_000, "{stderr}");
+    assert_eq!(
+        got,
+        input_rows(&input).await,
+        "every input row exactly once"
+    );
+    // The restarted worker took tasks again after it came back.
+    let last = last_progress(&progress);
+    let urls: Vec<&str> = last["cluster"]["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["url"].as_str().unwrap())
+        .collect();
+    assert!(
+        urls.iter().any(|u| u.contains(&addr)),
+        "the restarted worker {addr} runs tasks again: {last}"
+    );
+}
+
+#[tokio::test]
+async fn the_driver_killed_at_its_fault_points_replays_on_the_workers_exactly() {
+    let ws = [
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+    ];
+    for point in [
+        "after-offsets-write",
+        "after-user-fn",
+        "before-commit-write",
+    ] {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 8, 100, 50);
+        let p = cluster_pipeline(dir.path(), &[&ws[0], &ws[1], &ws[2]], "", 2);
+        let first = dir.path().join("p1.jsonl");
+        let out = run_with_progress(&p, &first, Some(&format!("{point}@2")));
+        assert!(
+            !out.status.success(),
+            "{point}: the fault must kill the run"
+        );
+        let second = dir.path().join("p2.jsonl");
+        run_to_end(&p, &second);
+        assert_eq!(progress_batches(&first), vec![0, 1], "{point}");
+        assert_eq!(
+            progress_batches(&second),
+            vec![2, 3],
+            "{point}: same ids again"
+        );
+        let got = parquet_rows(&dir.path().join("out"), &COLS).await;
+        assert_eq!(got, input_rows(&input).await, "{point}: every row once");
+    }
+}
+
+#[tokio::test]
+async fn workers_that_cannot_take_the_plan_are_refused_before_batch_0_naming_them() {
+    let w = Worker::start("127.0.0.1:0", Some("right"));
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 2, 10, 5);
+
+    // Wrong token.
+    let p = cluster_pipeline(dir.path(), &[&w], "token = \"wrong\"", 1);
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains(&w.url), "names the worker: {stderr}");
+    assert!(stderr.contains("token does not match"), "{stderr}");
+    assert!(
+        !dir.path().join("chk/offsets/0").exists(),
+        "nothing recorded"
+    );
+
+    // No token at all.
+    let p = cluster_pipeline(dir.path(), &[&w], "", 1);
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("has none"), "{stderr}");
+
+    // Nobody listening there.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = format!("http://{}", free.local_addr().unwrap());
+    drop(free);
+    let p = dir.path().join("gone.toml");
+    let text = std::fs::read_to_string(dir.path().join("pipeline.toml"))
+        .unwrap()
+        .replace(&w.url, &gone);
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no usable worker"), "{stderr}");
+    assert!(stderr.contains(&gone), "{stderr}");
+
+    // A stateful step is refused on a cluster, naming it.
+    let p = cluster_pipeline(dir.path(), &[&w], "token = \"right\"", 1);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "[transform]\n",
+        "[transform]\ndrop-duplicates = [\"order_id\"]\n",
+    );
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("transform.drop-duplicates"), "{stderr}");
+    assert!(stderr.contains("do not run on a cluster yet"), "{stderr}");
+}

@@ -1,0 +1,171 @@
+//! The `[cluster]` table of a pipeline.
+//!
+//! ```toml
+//! [cluster]
+//! workers = ["http://10.0.0.5:7400", "http://10.0.0.6:7400"]  # or one DNS name for many
+//! token = "env:WEIR_CLUSTER_TOKEN"    # checked by every worker on every request
+//! max-batch-attempts = 3              # a batch's plan, run again on the workers left
+//! connect-timeout = "5s"
+//! ```
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+use crate::{Error, Result};
+
+/// The `[cluster]` table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ClusterConfig {
+    /// The workers' URLs (`http://host:port`). A host name that resolves to several
+    /// addresses (a Kubernetes headless Service) stands for a worker at each, resolved
+    /// again before every batch.
+    pub workers: Vec<String>,
+    /// The cluster token (`env:NAME` reads it from the environment); without one, the
+    /// workers must have none either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Attempts of a batch's plan on the cluster before the batch fails (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batch_attempts: Option<u32>,
+    /// How long connecting to a worker may take (default 5 s), e.g. "500ms", "5s".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<String>,
+}
+
+impl ClusterConfig {
+    /// The workers' URLs, checked: `http://host:port`, at least one.
+    pub fn urls(&self) -> Result<Vec<Url>> {
+        if self.workers.is_empty() {
+            return Err(config(
+                "workers",
+                "no worker listed: give at least one URL, e.g. \"http://10.0.0.5:7400\"",
+            ));
+        }
+        self.workers
+            .iter()
+            .map(|w| {
+                let url = Url::parse(w.trim())
+                    .map_err(|e| config("workers", format!("'{w}' is not a URL: {e}")))?;
+                if url.scheme() != "http" {
+                    return Err(config(
+                        "workers",
+                        format!(
+                            "'{w}': workers speak plain http (gRPC over h2c); TLS is not built yet"
+                        ),
+                    ));
+                }
+                if url.host_str().is_none() || url.port_or_known_default().is_none() {
+                    return Err(config("workers", format!("'{w}' has no host and port")));
+                }
+                Ok(url)
+            })
+            .collect()
+    }
+
+    /// The token, read from the environment for `env:NAME`.
+    pub fn token(&self) -> Result<Option<String>> {
+        Ok(self
+            .token
+            .as_deref()
+            .map(|t| weir_core::connector::secret("cluster.token", t))
+            .transpose()?)
+    }
+
+    /// Attempts per batch, at least 1.
+    pub fn max_batch_attempts(&self) -> Result<u32> {
+        match self.max_batch_attempts {
+            None => Ok(3),
+            Some(0) => Err(config("max-batch-attempts", "must be at least 1")),
+            Some(n) => Ok(n),
+        }
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Result<Duration> {
+        match &self.connect_timeout {
+            None => Ok(Duration::from_secs(5)),
+            Some(t) => Ok(weir_core::engine::parse_duration(
+                "cluster.connect-timeout",
+                t,
+            )?),
+        }
+    }
+
+    /// Every setting checked, without connecting.
+    pub fn check(&self) -> Result<()> {
+        self.urls()?;
+        self.token()?;
+        self.max_batch_attempts()?;
+        self.connect_timeout()?;
+        Ok(())
+    }
+}
+
+fn config(key: &str, reason: impl Into<String>) -> Error {
+    Error::Config {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(workers: &[&str]) -> ClusterConfig {
+        ClusterConfig {
+            workers: workers.iter().map(|w| w.to_string()).collect(),
+            token: None,
+            max_batch_attempts: None,
+            connect_timeout: None,
+        }
+    }
+
+    #[test]
+    fn workers_are_checked_naming_the_setting() {
+        assert_eq!(cfg(&["http://127.0.0.1:7400"]).urls().unwrap().len(), 1);
+        for (workers, says) in [
+            (vec![], "no worker listed"),
+            (vec!["127.0.0.1:7400"], "'127.0.0.1:7400'"),
+            (vec!["https://w:7400"], "TLS is not built yet"),
+            (vec!["not a url"], "is not a URL"),
+        ] {
+            let e = cfg(&workers).urls().unwrap_err().to_string();
+            assert!(e.starts_with("cluster.workers: "), "{e}");
+            assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn settings_have_defaults_and_limits() {
+        let mut c = cfg(&["http://w:7400"]);
+        assert_eq!(c.max_batch_attempts().unwrap(), 3);
+        assert_eq!(c.connect_timeout().unwrap(), Duration::from_secs(5));
+        c.max_batch_attempts = Some(0);
+        assert!(
+            c.check()
+                .unwrap_err()
+                .to_string()
+                .contains("max-batch-attempts")
+        );
+        c.max_batch_attempts = Some(1);
+        c.connect_timeout = Some("soon".into());
+        assert!(
+            c.check()
+                .unwrap_err()
+                .to_string()
+                .contains("connect-timeout")
+        );
+        c.connect_timeout = Some("250ms".into());
+        assert_eq!(c.connect_timeout().unwrap(), Duration::from_millis(250));
+        c.token = Some("env:WEIR_TEST_TOKEN_THAT_IS_NOT_SET".into());
+        let e = c.check().unwrap_err().to_string();
+        assert!(
+            e.contains("cluster.token") && e.contains("WEIR_TEST_TOKEN_THAT_IS_NOT_SET is not set"),
+            "{e}"
+        );
+    }
+}

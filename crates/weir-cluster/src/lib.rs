@@ -1,0 +1,61 @@
+//! weir on many machines, on datafusion-distributed (Arrow Flight workers).
+//!
+//! Spark's driver and executors, with weir's contract unchanged:
+//!
+//! - `weir run` with a `[cluster]` is the **driver**. It alone owns the checkpoint: it plans
+//!   batch N's range, writes `offsets/N`, runs the batch's plan on the workers, calls the
+//!   function with the rows and writes `commits/N` after it. One batch id, one commit.
+//! - `weir worker --listen HOST:PORT` is a **worker** ([`worker::serve`]): no durable state,
+//!   it runs the plan stages a driver sends. A worker checks every request for the driver's
+//!   weir version and the cluster token, and refuses a mismatch naming it.
+//! - The batch's **scan runs on the workers**: each task reads its share of the files
+//!   `sources/<i>/N` recorded ([`weir_core::source::file::RecordedFilesExec`], sent by
+//!   [`codec::WeirCodec`]). The stateless steps (SQL, DataFrame functions) are planned on
+//!   the distributed session, so their shuffles are the planner's hash repartitions.
+//! - **Failures**: a plan that fails on a worker (killed, cut off) is run again with the
+//!   same range on the workers left (`max-batch-attempts`); the workers are resolved and
+//!   checked again before every attempt ([`driver::WeirCluster`]), so one that comes back
+//!   joins at the next attempt or batch.
+//!
+//! Not distributed yet: the Kafka source's read (it reads on the driver), stateful steps
+//! (refused on a cluster), and the sinks' writes (the driver writes what the workers
+//! computed).
+
+pub mod codec;
+pub mod config;
+pub mod driver;
+pub mod worker;
+
+pub use config::ClusterConfig;
+pub use driver::WeirCluster;
+
+/// The version a driver and its workers must share (the workspace's).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The header carrying the cluster token on every request to a worker.
+pub const TOKEN_HEADER: &str = "x-weir-cluster-token";
+/// The header carrying the driver's weir version on every request to a worker.
+pub const VERSION_HEADER: &str = "x-weir-version";
+
+/// What can go wrong on a cluster, with the worker or setting at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A `[cluster]` setting is wrong.
+    #[error("cluster.{key}: {reason}")]
+    Config { key: String, reason: String },
+
+    /// No worker of the list can take plans.
+    #[error("no usable worker: {0}")]
+    NoWorker(String),
+
+    /// A setting read with weir-core's parsers, or the engine's own error.
+    #[error(transparent)]
+    Core(#[from] weir_core::Error),
+
+    /// The worker could not be served.
+    #[error("serving the worker on {addr}: {reason}")]
+    Serve { addr: String, reason: String },
+}
+
+/// Results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

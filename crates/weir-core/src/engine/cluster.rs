@@ -1,0 +1,120 @@
+//! Batches on many machines: the hook a cluster (`weir-cluster`, on datafusion-distributed)
+//! fills in. weir-core stays free of the transport: it asks a [`Cluster`] to make its
+//! session plan on the workers, to check them before each batch, and to run a batch's plan
+//! and bring back its rows with what each worker did.
+//!
+//! The driver (this process) keeps every durable step: it plans batch N's range, writes
+//! `offsets/N`, runs the plan on the workers (each task reads its share of the recorded
+//! input), hands the rows to the function and writes `commits/N` after it. Reading and
+//! transforming have no effect outside the plan, so a plan that failed on a worker is run
+//! again with the same range (up to [`Cluster::max_attempts`]) on the workers left before
+//! the batch fails; the function is called once per successful attempt, as without a
+//! cluster.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::prelude::DataFrame;
+use serde::{Deserialize, Serialize};
+
+use super::transform::Transform;
+use crate::error::{Error, Result};
+
+/// What one worker did for one batch: progress's `cluster.workers[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerTasks {
+    /// The worker's URL.
+    pub url: String,
+    /// Tasks of the batch's plan it ran.
+    pub tasks: u64,
+    /// Input rows its tasks read.
+    pub input_rows: u64,
+}
+
+/// One batch's plan, run on the cluster.
+#[derive(Debug, Default)]
+pub struct ClusterRun {
+    /// The plan's output, on the driver.
+    pub batches: Vec<RecordBatch>,
+    /// Input rows read by the plan's scans.
+    pub input_rows: u64,
+    /// Per worker, in URL order.
+    pub workers: Vec<WorkerTasks>,
+}
+
+/// Where a query's batches run when a cluster is set (`WeirSession::cluster`).
+#[async_trait]
+pub trait Cluster: Send + Sync {
+    /// A short description for logs: the workers' setting.
+    fn describe(&self) -> String;
+
+    /// Makes `builder` plan on the workers. weir's own planner is already set on it.
+    fn distribute(&self, builder: SessionStateBuilder) -> SessionStateBuilder;
+
+    /// Resolves the workers again and checks each (reachable, same weir version, accepts
+    /// the token); later plans go to the usable ones. An error when none is usable, naming
+    /// each worker and why. Called before batch 0 and before every attempt of a batch.
+    async fn prepare(&self) -> Result<Vec<String>>;
+
+    /// Runs `df`, planned on a session made by [`Cluster::distribute`], on the workers.
+    async fn collect(&self, df: DataFrame) -> Result<ClusterRun>;
+
+    /// Attempts of a batch's plan before the batch fails (at least 1).
+    fn max_attempts(&self) -> u32;
+}
+
+/// The steps a cluster cannot run yet, refused before anything runs: state kept between
+/// batches is not partitioned over workers.
+pub(crate) fn check_steps_on_cluster(transforms: &[Transform]) -> Result<()> {
+    for t in transforms {
+        let step = match t {
+            Transform::DropDuplicates(_) => "drop-duplicates",
+            Transform::DropDuplicatesWithinWatermark(_) => "drop-duplicates-within-watermark",
+            Transform::Aggregate(_) => "aggregate",
+            Transform::Watermark { .. } => "with-watermark",
+            Transform::Fn(_) | Transform::Sql(_) => continue,
+        };
+        return Err(Error::config(
+            format!("transform.{step}"),
+            "stateful steps do not run on a cluster yet (their state is not partitioned \
+             over workers); run this query without [cluster], or move the step into the \
+             function",
+        ));
+    }
+    Ok(())
+}
+
+/// Runs a batch's plan on `cluster`: each attempt checks the workers first; a failed
+/// attempt is logged and run again on the workers left, up to the cluster's limit.
+pub(crate) async fn run_on_cluster(
+    cluster: &Arc<dyn Cluster>,
+    df: DataFrame,
+    batch_id: u64,
+) -> Result<ClusterRun> {
+    let attempts = cluster.max_attempts().max(1);
+    let mut attempt = 1;
+    loop {
+        let tried = match cluster.prepare().await {
+            Ok(_) => cluster.collect(df.clone()).await,
+            Err(e) => Err(e),
+        };
+        match tried {
+            Ok(run) => return Ok(run),
+            Err(e) if attempt < attempts => {
+                tracing::warn!(
+                    batch_id,
+                    attempt,
+                    attempts,
+                    "batch {batch_id}: attempt {attempt} of {attempts} on the cluster failed, \
+                     running it again with the same range: {}",
+                    crate::error::error_chain(&e)
+                );
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

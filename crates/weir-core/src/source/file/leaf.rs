@@ -1,0 +1,377 @@
+//! The file source's rows read where the plan runs. On a cluster (`weir-cluster`) a batch's
+//! range is not read into the driver's memory: `read_range` returns a scan of the files that
+//! `sources/<i>/N` recorded, [`RecordedFilesExec`], which the distributed planner ships to
+//! the workers. Each task reads its share of the files with the same checks and decoder as
+//! the single-process path (a file that changed or vanished fails the batch naming it), so
+//! a replay reads the same rows wherever it runs.
+//!
+//! The scan is described by [`FilesScan`], plain data a codec can send: the folder's URL and
+//! storage settings, the format, the bad-record mode and the files of each task. The
+//! codec itself lives with the cluster (`weir-cluster`), which carries the schema.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result as DfResult, project_schema};
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion::prelude::SessionContext;
+use futures::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+
+use super::{FileEntry, FileFormat, read};
+use crate::error::Error;
+use crate::source::decode::{BadRecordMode, output_schema};
+use crate::storage::{Location, StorageOptions};
+
+/// Marks a session whose plans run on a cluster: the file source then hands out a
+/// [`RecordedFilesExec`] instead of reading the range itself.
+#[derive(Debug, Default)]
+pub struct ScansOnCluster;
+
+/// True when `ctx`'s plans run on a cluster's workers.
+pub fn scans_on_cluster(ctx: &SessionContext) -> bool {
+    ctx.state()
+        .config()
+        .get_extension::<ScansOnCluster>()
+        .is_some()
+}
+
+/// What one scan of recorded files reads: plain data, sent to the workers with the plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FilesScan {
+    /// The folder the files are in, as a URL.
+    pub dir: String,
+    /// The object-store settings of the folder (never shown).
+    #[serde(default)]
+    pub storage: BTreeMap<String, String>,
+    pub format: FileFormat,
+    pub mode: BadRecordMode,
+    /// The files in shares, in the order the batch took them: one share, until the
+    /// distributed planner gives each task a scan of its own share
+    /// ([`RecordedFilesExec::per_task`]). A scan reads every share it holds.
+    pub shares: Vec<Vec<FileEntry>>,
+    /// Partitions per task: a task reads its files on this many streams at once.
+    pub partitions: usize,
+    /// The columns read, by index into the decoded schema (`None`: all).
+    #[serde(default)]
+    pub projection: Option<Vec<usize>>,
+}
+
+impl FilesScan {
+    /// Every file, in one share.
+    pub fn files(&self) -> impl Iterator<Item = &FileEntry> {
+        self.shares.iter().flatten()
+    }
+
+    /// The same files split into `tasks` shares of about equal bytes (largest first onto
+    /// the lightest share; ties keep the order of the log), each share in log order.
+    pub fn split(&self, tasks: usize) -> FilesScan {
+        let tasks = tasks.max(1);
+        let mut files: Vec<(usize, &FileEntry)> = self.files().enumerate().collect();
+        files.sort_by_key(|(i, e)| (std::cmp::Reverse(e.size.unwrap_or(0)), *i));
+        let mut shares: Vec<(u64, Vec<(usize, FileEntry)>)> = vec![(0, Vec::new()); tasks];
+        for (i, e) in files {
+            if let Some(lightest) = shares.iter_mut().min_by_key(|s| s.0) {
+                lightest.0 += e.size.unwrap_or(0).max(1);
+                lightest.1.push((i, e.clone()));
+            }
+        }
+        FilesScan {
+            shares: shares
+                .into_iter()
+                .map(|(_, mut s)| {
+                    s.sort_by_key(|(i, _)| *i);
+                    s.into_iter().map(|(_, e)| e).collect()
+                })
+                .collect(),
+            ..self.clone()
+        }
+    }
+}
+
+/// A scan of the files one batch recorded, read by the task that runs it.
+#[derive(Debug)]
+pub struct RecordedFilesExec {
+    scan: FilesScan,
+    /// The schema files are decoded with (before the bad-record column and projection).
+    decode_schema: SchemaRef,
+    dir: Location,
+    metrics: ExecutionPlanMetricsSet,
+    props: Arc<PlanProperties>,
+}
+
+impl RecordedFilesExec {
+    /// The scan `scan` of files decoded with `decode_schema`. An error if the folder's URL
+    /// or settings are not valid here.
+    pub fn try_new(scan: FilesScan, decode_schema: SchemaRef) -> DfResult<Self> {
+        let storage = StorageOptions::new(scan.storage.clone()).map_err(external)?;
+        let dir = Location::parse("source.path", &scan.dir, None, &storage).map_err(external)?;
+        let full = output_schema(&decode_schema, scan.mode);
+        let projected = project_schema(&full, scan.projection.as_ref())?;
+        let props = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(projected),
+            Partitioning::UnknownPartitioning(scan.partitions.max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(RecordedFilesExec {
+            scan,
+            decode_schema,
+            dir,
+            metrics: ExecutionPlanMetricsSet::new(),
+            props,
+        })
+    }
+
+    /// What the scan reads.
+    pub fn scan(&self) -> &FilesScan {
+        &self.scan
+    }
+
+    /// The schema the files are decoded with.
+    pub fn decode_schema(&self) -> &SchemaRef {
+        &self.decode_schema
+    }
+
+    /// One scan per task, each of its share of the files (see [`FilesScan::split`]).
+    pub fn per_task(&self, tasks: usize) -> DfResult<Vec<RecordedFilesExec>> {
+        self.scan
+            .split(tasks)
+            .shares
+            .into_iter()
+            .map(|share| {
+                let scan = FilesScan {
+                    shares: vec![share],
+                    ..self.scan.clone()
+                };
+                RecordedFilesExec::try_new(scan, self.decode_schema.clone())
+            })
+            .collect()
+    }
+}
+
+fn external(e: Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+impl DisplayAs for RecordedFilesExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let sizes: Vec<String> = self
+            .scan
+            .shares
+            .iter()
+            .map(|s| s.len().to_string())
+            .collect();
+        write!(
+            f,
+            "RecordedFilesExec: dir={}, files per task=[{}]",
+            self.dir,
+            sizes.join(", ")
+        )
+    }
+}
+
+impl ExecutionPlan for RecordedFilesExec {
+    fn name(&self) -> &str {
+        "RecordedFilesExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "RecordedFilesExec has no inputs".into(),
+            ))
+        }
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        // A task's variant holds its own share (see `FilesScan::per_task`).
+        let parts = self.scan.partitions.max(1);
+        let mine: Vec<FileEntry> = self
+            .scan
+            .files()
+            .enumerate()
+            .filter(|(i, _)| i % parts == partition)
+            .map(|(_, e)| e.clone())
+            .collect();
+        let rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let (dir, format, schema, mode) = (
+            self.dir.clone(),
+            self.scan.format.clone(),
+            self.decode_schema.clone(),
+            self.scan.mode,
+        );
+        let projection = self.scan.projection.clone();
+        let out = self.schema();
+        let stream = futures::stream::iter(mine)
+            .map(move |e| {
+                let (dir, format, schema) = (dir.clone(), format.clone(), schema.clone());
+                async move { read::read_entry(&dir, e, &format, &schema, mode).await }
+            })
+            // One file is fetched while the one before it is decoded.
+            .buffered(2)
+            .map_err(external)
+            .and_then(move |(batch, _malformed)| {
+                let projected = match &projection {
+                    Some(p) => batch.project(p).map_err(DataFusionError::from),
+                    None => Ok(batch),
+                };
+                if let Ok(b) = &projected {
+                    rows.add(b.num_rows());
+                }
+                futures::future::ready(projected)
+            });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(out, stream)))
+    }
+}
+
+/// A table whose scan is a [`RecordedFilesExec`] (how the file source hands the scan to
+/// DataFusion's planner).
+#[derive(Debug)]
+pub(crate) struct RecordedFilesTable {
+    scan: FilesScan,
+    decode_schema: SchemaRef,
+}
+
+impl RecordedFilesTable {
+    pub(crate) fn new(scan: FilesScan, decode_schema: SchemaRef) -> Self {
+        RecordedFilesTable {
+            scan,
+            decode_schema,
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for RecordedFilesTable {
+    fn schema(&self) -> SchemaRef {
+        output_schema(&self.decode_schema, self.scan.mode)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let scan = FilesScan {
+            projection: projection.cloned(),
+            ..self.scan.clone()
+        };
+        Ok(Arc::new(RecordedFilesExec::try_new(
+            scan,
+            self.decode_schema.clone(),
+        )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, size: u64) -> FileEntry {
+        FileEntry {
+            path: format!("file:///in/{name}"),
+            timestamp: 0,
+            batch_id: 0,
+            size: Some(size),
+            etag: None,
+        }
+    }
+
+    fn names(s: &FilesScan) -> Vec<Vec<String>> {
+        s.shares
+            .iter()
+            .map(|sh| {
+                sh.iter()
+                    .map(|e| e.path.rsplit('/').next().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn split_balances_bytes_and_keeps_log_order() {
+        let scan = FilesScan {
+            dir: "file:///in/".into(),
+            storage: BTreeMap::new(),
+            format: FileFormat::Json,
+            mode: BadRecordMode::FailFast,
+            shares: vec![vec![
+                entry("a", 10),
+                entry("b", 100),
+                entry("c", 10),
+                entry("d", 50),
+                entry("e", 40),
+            ]],
+            partitions: 1,
+            projection: None,
+        };
+        // Largest first onto the lightest share: b | d | e, then a onto e (40) and c onto
+        // the first of the two at 50.
+        assert_eq!(
+            names(&scan.split(3)),
+            vec![vec!["b"], vec!["c", "d"], vec!["a", "e"]]
+        );
+        // More tasks than files: empty shares, every file once.
+        let many = scan.split(7);
+        assert_eq!(many.shares.len(), 7);
+        assert_eq!(many.files().count(), 5);
+        // One task: the log's order.
+        assert_eq!(names(&scan.split(1)), vec![vec!["a", "b", "c", "d", "e"]]);
+        // Sizes unknown (Spark's logs): spread by count, in order.
+        let mut unknown = scan.clone();
+        for e in unknown.shares[0].iter_mut() {
+            e.size = None;
+        }
+        assert_eq!(
+            names(&unknown.split(2)),
+            vec![vec!["a", "c", "e"], vec!["b", "d"]]
+        );
+    }
+}
