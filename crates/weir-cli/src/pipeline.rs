@@ -232,6 +232,14 @@ impl Pipeline {
         self.trigger()?;
         if let Some(c) = &self.cluster {
             c.check()?;
+            if self.source.kind() != "files" {
+                anyhow::bail!(
+                    "invalid setting 'cluster': the {} source does not run on a cluster yet \
+                     (only the files source's reads are sent to workers); remove [cluster] to \
+                     run this pipeline in one process",
+                    self.source.kind()
+                );
+            }
         }
         if let Some(t) = &self.transform {
             for (name, keys) in [

@@ -352,4 +352,24 @@ async fn workers_that_cannot_take_the_plan_are_refused_before_batch_0_naming_the
     assert!(!out.status.success());
     assert!(stderr.contains("transform.drop-duplicates"), "{stderr}");
     assert!(stderr.contains("do not run on a cluster yet"), "{stderr}");
+
+    // A source whose reads cannot go to workers yet is refused by `weir check`, naming it.
+    let p = dir.path().join("rate.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[query]\nname = \"r\"\ncheckpoint = \"chk-rate\"\n[source]\ntype = \"rate\"\n\
+             rows-per-second = 10\n[[sink]]\ntype = \"parquet\"\npath = \"out-rate\"\n\
+             [cluster]\nworkers = [\"{}\"]\n",
+            w.url
+        ),
+    )
+    .unwrap();
+    let out = run_weir(&bin(), &["check", p.to_str().unwrap()], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("the rate source does not run on a cluster yet"),
+        "{stderr}"
+    );
 }

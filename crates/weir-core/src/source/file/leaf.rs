@@ -48,6 +48,21 @@ pub fn scans_on_cluster(ctx: &SessionContext) -> bool {
         .is_some()
 }
 
+/// True when `df` is the file source's scan of recorded files, untouched (the only input a
+/// cluster can read on its workers today).
+pub(crate) fn is_recorded_files(df: &datafusion::prelude::DataFrame) -> bool {
+    match df.logical_plan() {
+        datafusion::logical_expr::LogicalPlan::TableScan(scan) => {
+            datafusion::datasource::source_as_provider(&scan.source).is_ok_and(|p| {
+                (p as Arc<dyn std::any::Any + Send + Sync>)
+                    .downcast::<RecordedFilesTable>()
+                    .is_ok()
+            })
+        }
+        _ => false,
+    }
+}
+
 /// What one scan of recorded files reads: plain data, sent to the workers with the plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FilesScan {

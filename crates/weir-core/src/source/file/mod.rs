@@ -48,6 +48,7 @@ use super::{ReadLimit, Source, SourceInit, SourceOffset};
 use crate::error::{Error, Result};
 use crate::logfile::retention::{Purge, log_keep_from, purge};
 use crate::storage::{FileMeta, ListingCursor, Location, blocking, is_hidden};
+pub(crate) use leaf::is_recorded_files;
 pub use leaf::{FilesScan, RecordedFilesExec, ScansOnCluster, scans_on_cluster};
 pub use log::FileEntry;
 use log::{COMPACT_INTERVAL, entry_name};
