@@ -159,6 +159,7 @@ fn the_readme_pipelines_pass_weir_check() {
             .env("AWS_ACCESS_KEY_ID", "key")
             .env("AWS_SECRET_ACCESS_KEY", "secret")
             .env("KAFKA_PASSWORD", "password")
+            .env("WEIR_CLUSTER_TOKEN", "token")
             .output()
             .unwrap();
         assert!(
