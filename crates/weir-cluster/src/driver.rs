@@ -128,19 +128,22 @@ impl WeirCluster {
     }
 }
 
-/// The useful part of a worker's refusal or a transport error.
+/// Why a worker did not answer: a refusal's own message (the gate's status, which
+/// datafusion-distributed hands back as an external error), else the whole error.
 fn refusal(e: &DataFusionError) -> String {
-    let text = error_chain(e);
-    for marker in ["message: \"", "message: "] {
-        if let Some(i) = text.find(marker) {
-            let rest = &text[i + marker.len()..];
-            let end = rest.find('"').unwrap_or(rest.len());
-            if end > 0 {
-                return rest[..end].to_string();
-            }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(status) = c.downcast_ref::<tonic::Status>() {
+            return status.message().to_string();
         }
+        if let Some(DataFusionError::External(inner)) = c.downcast_ref::<DataFusionError>()
+            && let Some(status) = inner.downcast_ref::<tonic::Status>()
+        {
+            return status.message().to_string();
+        }
+        cause = c.source();
     }
-    text
+    error_chain(e)
 }
 
 #[async_trait]
@@ -479,11 +482,9 @@ mod tests {
 
     #[test]
     fn a_refusal_is_shown_by_its_message() {
-        let e = DataFusionError::External(
-            "status: PermissionDenied, message: \"the cluster token does not match this \
-             worker's\", details: []"
-                .into(),
-        );
+        let e = DataFusionError::External(Box::new(tonic::Status::permission_denied(
+            "the cluster token does not match this worker's",
+        )));
         assert_eq!(
             refusal(&e),
             "the cluster token does not match this worker's"

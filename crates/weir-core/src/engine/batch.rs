@@ -83,16 +83,6 @@ pub(super) async fn read_rows(
 ) -> Result<ReadRows> {
     let df = source.read_range(ctx, start, end).await?;
     if crate::source::file::scans_on_cluster(ctx) {
-        if !crate::source::file::is_recorded_files(&df) {
-            return Err(Error::config(
-                "cluster",
-                format!(
-                    "the source {} does not run on a cluster yet: only the files source's \
-                     reads are sent to workers; run this query without a cluster",
-                    source.description()
-                ),
-            ));
-        }
         return Ok(ReadRows {
             input: BatchInput::Planned(df),
             count: 0,

@@ -60,6 +60,16 @@ pub(crate) struct StartRequest {
 pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
     check_at_start(&req.source.schema(), &req.transforms)?;
     if let Some(cluster) = &req.cluster {
+        if !req.source.reads_on_workers() {
+            return Err(Error::config(
+                "cluster",
+                format!(
+                    "the source {} does not run on a cluster yet: only the files source's \
+                     reads are sent to workers; run this query without a cluster",
+                    req.source.description()
+                ),
+            ));
+        }
         check_steps_on_cluster(&req.transforms)?;
         // No usable worker is an error before batch 0, naming each worker and why.
         let usable = cluster.prepare().await?;

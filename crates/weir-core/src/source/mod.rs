@@ -97,6 +97,13 @@ pub trait Source: Send + Sync {
     /// The schema of every batch this source returns.
     fn schema(&self) -> SchemaRef;
 
+    /// Whether `read_range`, on a session whose plans run on a cluster, returns a plan that
+    /// reads the range on the workers (the file source does). A query on a cluster refuses
+    /// a source that does not before anything runs.
+    fn reads_on_workers(&self) -> bool {
+        false
+    }
+
     /// Called once before any other method. A source that keeps its own log opens it here.
     async fn open(&self, _init: &SourceInit) -> Result<()> {
         Ok(())

@@ -42,25 +42,12 @@ pub struct ScansOnCluster;
 
 /// True when `ctx`'s plans run on a cluster's workers.
 pub fn scans_on_cluster(ctx: &SessionContext) -> bool {
-    ctx.state()
+    // Asked once or twice a batch: read under the lock, without copying the session.
+    ctx.state_ref()
+        .read()
         .config()
         .get_extension::<ScansOnCluster>()
         .is_some()
-}
-
-/// True when `df` is the file source's scan of recorded files, untouched (the only input a
-/// cluster can read on its workers today).
-pub(crate) fn is_recorded_files(df: &datafusion::prelude::DataFrame) -> bool {
-    match df.logical_plan() {
-        datafusion::logical_expr::LogicalPlan::TableScan(scan) => {
-            datafusion::datasource::source_as_provider(&scan.source).is_ok_and(|p| {
-                (p as Arc<dyn std::any::Any + Send + Sync>)
-                    .downcast::<RecordedFilesTable>()
-                    .is_ok()
-            })
-        }
-        _ => false,
-    }
 }
 
 /// What one scan of recorded files reads: plain data, sent to the workers with the plan.
@@ -133,6 +120,11 @@ impl RecordedFilesExec {
     pub fn try_new(scan: FilesScan, decode_schema: SchemaRef) -> DfResult<Self> {
         let storage = StorageOptions::new(scan.storage.clone()).map_err(external)?;
         let dir = Location::parse("source.path", &scan.dir, None, &storage).map_err(external)?;
+        Self::in_dir(scan, decode_schema, dir)
+    }
+
+    /// The scan `scan` of the folder `dir` (the one `scan.dir` names, already opened).
+    fn in_dir(scan: FilesScan, decode_schema: SchemaRef, dir: Location) -> DfResult<Self> {
         let full = output_schema(&decode_schema, scan.mode);
         let projected = project_schema(&full, scan.projection.as_ref())?;
         let props = Arc::new(PlanProperties::new(
@@ -171,7 +163,7 @@ impl RecordedFilesExec {
                     shares: vec![share],
                     ..self.scan.clone()
                 };
-                RecordedFilesExec::try_new(scan, self.decode_schema.clone())
+                Self::in_dir(scan, self.decode_schema.clone(), self.dir.clone())
             })
             .collect()
     }
@@ -286,13 +278,16 @@ impl ExecutionPlan for RecordedFilesExec {
 pub(crate) struct RecordedFilesTable {
     scan: FilesScan,
     decode_schema: SchemaRef,
+    /// The folder `scan.dir` names, opened once by the source.
+    dir: Location,
 }
 
 impl RecordedFilesTable {
-    pub(crate) fn new(scan: FilesScan, decode_schema: SchemaRef) -> Self {
+    pub(crate) fn new(scan: FilesScan, decode_schema: SchemaRef, dir: Location) -> Self {
         RecordedFilesTable {
             scan,
             decode_schema,
+            dir,
         }
     }
 }
@@ -318,9 +313,10 @@ impl TableProvider for RecordedFilesTable {
             projection: projection.cloned(),
             ..self.scan.clone()
         };
-        Ok(Arc::new(RecordedFilesExec::try_new(
+        Ok(Arc::new(RecordedFilesExec::in_dir(
             scan,
             self.decode_schema.clone(),
+            self.dir.clone(),
         )?))
     }
 }

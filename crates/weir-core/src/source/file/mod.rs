@@ -31,11 +31,11 @@
 
 mod leaf;
 mod log;
+mod options;
 mod read;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -43,98 +43,15 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::{DataFrame, SessionContext};
 use futures::{StreamExt, TryStreamExt};
 
-use super::decode::{BadRecordMode, check_corrupt_column, output_schema};
+use super::decode::{BadRecordMode, output_schema};
 use super::{ReadLimit, Source, SourceInit, SourceOffset};
 use crate::error::{Error, Result};
 use crate::logfile::retention::{Purge, log_keep_from, purge};
 use crate::storage::{FileMeta, ListingCursor, Location, blocking, is_hidden};
-pub(crate) use leaf::is_recorded_files;
 pub use leaf::{FilesScan, RecordedFilesExec, ScansOnCluster, scans_on_cluster};
 pub use log::FileEntry;
 use log::{COMPACT_INTERVAL, entry_name};
-
-/// The format of the files in the folder.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum FileFormat {
-    /// One JSON object per line. ISO-8601 strings parse into timestamp columns.
-    Json,
-    /// Delimited text, with or without a header line.
-    Csv { has_header: bool, delimiter: u8 },
-    /// Parquet; the schema may be read from the first file.
-    Parquet,
-}
-
-impl FileFormat {
-    /// CSV with a header line and commas.
-    pub const CSV: FileFormat = FileFormat::Csv {
-        has_header: true,
-        delimiter: b',',
-    };
-}
-
-/// What happens to the files of a committed batch (Spark's `cleanSource`).
-#[derive(Debug, Clone, Default)]
-pub enum CleanSource {
-    /// Leave them (default).
-    #[default]
-    Off,
-    /// Delete them once their batch is committed.
-    Delete,
-    /// Move them into this folder once their batch is committed.
-    Archive(Location),
-}
-
-/// Settings of a [`FileSource`]; Spark's option names in brackets.
-#[derive(Debug, Clone)]
-pub struct FileSourceOptions {
-    /// The folder to watch (`path`).
-    pub path: Location,
-    pub format: FileFormat,
-    /// The schema; required for JSON and CSV, read from the first file for Parquet.
-    pub schema: Option<SchemaRef>,
-    /// Newest files first (`latestFirst`), for catching up on the recent past first.
-    pub latest_first: bool,
-    /// Files older than this relative to the newest file taken are ignored and forgotten
-    /// (`maxFileAge`): before the first batch every file counts. Not applied with
-    /// `latest_first`.
-    pub max_file_age: Option<Duration>,
-    /// What a malformed line does (`mode`; JSON and CSV only).
-    pub mode: BadRecordMode,
-    /// What happens to files once their batch is committed (`cleanSource`).
-    pub clean_source: CleanSource,
-}
-
-impl FileSourceOptions {
-    /// JSON files in `path`, everything else at its default.
-    pub fn new(path: Location, format: FileFormat) -> Self {
-        FileSourceOptions {
-            path,
-            format,
-            schema: None,
-            latest_first: false,
-            max_file_age: None,
-            mode: BadRecordMode::FailFast,
-            clean_source: CleanSource::Off,
-        }
-    }
-
-    /// The checks that need no file: a bad-record mode only for lines (JSON, CSV), and a
-    /// declared `_corrupt_record` a string. `prefix` goes before the setting's name
-    /// (`source.` in a pipeline file).
-    pub(crate) fn check_modes(&self, prefix: &str) -> Result<()> {
-        if self.format == FileFormat::Parquet {
-            if self.mode != BadRecordMode::FailFast {
-                return Err(Error::config(
-                    format!("{prefix}mode"),
-                    "PERMISSIVE and DROPMALFORMED apply to JSON and CSV lines, not to Parquet files",
-                ));
-            }
-        } else if let Some(s) = &self.schema {
-            check_corrupt_column(s).map_err(|r| Error::config(format!("{prefix}schema"), r))?;
-        }
-        Ok(())
-    }
-}
+pub use options::{CleanSource, FileFormat, FileSourceOptions};
 
 #[derive(Debug, Default)]
 struct State {
@@ -486,6 +403,10 @@ impl Source for FileSource {
         self.schema.clone()
     }
 
+    fn reads_on_workers(&self) -> bool {
+        true
+    }
+
     async fn open(&self, init: &SourceInit) -> Result<()> {
         let entries = log::read(&init.log).await?;
         let newest = entries
@@ -610,7 +531,7 @@ impl Source for FileSource {
                 partitions: crate::cores().max(2),
                 projection: None,
             };
-            let table = leaf::RecordedFilesTable::new(scan, base);
+            let table = leaf::RecordedFilesTable::new(scan, base, dir);
             return ctx.read_table(std::sync::Arc::new(table)).map_err(|e| {
                 Error::datafusion(
                     format!("{}: planning logOffset {from}..={to}", self.description()),
