@@ -8,11 +8,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use weir_core::fault::{AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE};
 use weir_testkit::{parquet_rows, run_weir, temp_dir};
 
+use crate::kills::killed_in_batch_2_then_rerun;
 use crate::{
-    SCHEMA, bin, gen_orders, input_rows, last_progress, progress_batches, run_to_end,
-    run_with_progress,
+    bin, gen_orders, input_rows, last_progress, pipeline_with, progress_batches, run_to_end,
 };
 
 /// A `weir worker` process, killed when dropped.
@@ -74,23 +75,11 @@ fn cluster_pipeline(
     max_files: usize,
 ) -> std::path::PathBuf {
     let urls: Vec<String> = workers.iter().map(|w| format!("\"{}\"", w.url)).collect();
-    let p = dir.join("pipeline.toml");
-    std::fs::write(
-        &p,
-        format!(
-            r#"[query]
-name = "orders"
-checkpoint = "chk"
-trigger = "available-now"
-
-[source]
-type = "files"
-path = "in"
-format = "json"
-schema = {SCHEMA}
-max-files-per-trigger = {max_files}
-
-[transform]
+    pipeline_with(
+        dir,
+        max_files,
+        &format!(
+            r#"[transform]
 sql = "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL"
 
 [[sink]]
@@ -105,8 +94,6 @@ connect-timeout = "2s"
             urls.join(", ")
         ),
     )
-    .unwrap();
-    p
 }
 
 const COLS: [&str; 4] = ["order_id", "status", "amount", "updated_at"];
@@ -272,23 +259,14 @@ async fn the_driver_killed_at_its_fault_points_replays_on_the_workers_exactly() 
         Worker::start("127.0.0.1:0", None),
         Worker::start("127.0.0.1:0", None),
     ];
-    for point in [
-        "after-offsets-write",
-        "after-user-fn",
-        "before-commit-write",
-    ] {
+    for point in [AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE] {
         let dir = temp_dir();
         let input = dir.path().join("in");
         gen_orders(&input, 8, 100, 50);
         let p = cluster_pipeline(dir.path(), &[&ws[0], &ws[1], &ws[2]], "", 2);
         let first = dir.path().join("p1.jsonl");
-        let out = run_with_progress(&p, &first, Some(&format!("{point}@2")));
-        assert!(
-            !out.status.success(),
-            "{point}: the fault must kill the run"
-        );
         let second = dir.path().join("p2.jsonl");
-        run_to_end(&p, &second);
+        killed_in_batch_2_then_rerun(&p, point, &first, &second);
         assert_eq!(progress_batches(&first), vec![0, 1], "{point}");
         assert_eq!(
             progress_batches(&second),

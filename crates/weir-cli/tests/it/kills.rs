@@ -16,7 +16,7 @@ use crate::{
 /// Runs the pipeline `p` with a kill at `point` in batch 2 (the run must fail there, saying
 /// so), then again to its end (which must succeed); their progress lines go to `first` and
 /// `second`.
-fn killed_in_batch_2_then_rerun(p: &Path, point: &str, first: &Path, second: &Path) {
+pub(crate) fn killed_in_batch_2_then_rerun(p: &Path, point: &str, first: &Path, second: &Path) {
     let out = run_with_progress(p, first, Some(&format!("{point}@2")));
     assert!(
         !out.status.success(),

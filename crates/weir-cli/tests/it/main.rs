@@ -72,6 +72,12 @@ pub const SCHEMA: &str =
     r#"["order_id bigint", "status string", "amount double", "updated_at timestamp"]"#;
 
 pub fn pipeline(dir: &Path, sinks: &str) -> PathBuf {
+    pipeline_with(dir, 1, sinks)
+}
+
+/// The orders pipeline over `dir/in` taking `max_files` files a batch, with `rest` (the
+/// transform, sinks, cluster) after its source.
+pub fn pipeline_with(dir: &Path, max_files: usize, rest: &str) -> PathBuf {
     let p = dir.join("pipeline.toml");
     let text = format!(
         r#"[query]
@@ -84,9 +90,9 @@ type = "files"
 path = "in"
 format = "json"
 schema = {SCHEMA}
-max-files-per-trigger = 1
+max-files-per-trigger = {max_files}
 
-{sinks}
+{rest}
 "#
     );
     std::fs::write(&p, text).unwrap();
