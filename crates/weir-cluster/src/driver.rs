@@ -208,6 +208,10 @@ impl Cluster for WeirCluster {
         let failed = |what: &str, e: DataFusionError| weir_core::Error::Cluster {
             reason: format!("{what}: {}", error_chain(&e)),
         };
+        // The routing recorded is this plan's, never an earlier batch's.
+        if let Ok(mut r) = self.scan_routes.lock() {
+            r.clear();
+        }
         let task_ctx = Arc::new(df.task_ctx());
         let plan = df
             .create_physical_plan()

@@ -137,24 +137,26 @@ impl WeirSession {
         if let Some(n) = target_partitions {
             config = config.with_target_partitions(n);
         }
-        if let Some(cluster) = &self.cluster {
-            // The top-one rule's node has no codec yet: on a cluster the newest row per key
-            // is DataFusion's sort and window, which the planner distributes.
-            let config = config.with_extension(Arc::new(crate::source::file::ScansOnCluster));
-            let builder = datafusion::execution::SessionStateBuilder::new()
-                .with_config(config)
-                .with_runtime_env(self.runtime.clone())
-                .with_default_features()
-                .with_query_planner(Arc::new(crate::engine::WeirQueryPlanner));
-            return SessionContext::new_with_state(cluster.distribute(builder).build());
+        if self.cluster.is_some() {
+            config = config.with_extension(Arc::new(crate::source::file::ScansOnCluster));
         }
-        let state = datafusion::execution::SessionStateBuilder::new()
+        let builder = datafusion::execution::SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(self.runtime.clone())
-            .with_default_features()
-            .with_physical_optimizer_rule(Arc::new(crate::engine::top_one::TopOnePerKey))
-            .with_query_planner(Arc::new(crate::engine::WeirQueryPlanner))
-            .build();
+            .with_default_features();
+        let planner = Arc::new(crate::engine::WeirQueryPlanner);
+        let state = match &self.cluster {
+            // The top-one rule's node has no codec yet: on a cluster the newest row per key
+            // is DataFusion's sort and window, which the planner distributes. weir's planner
+            // goes in first: the distributed planner wraps the one it finds.
+            Some(cluster) => cluster
+                .distribute(builder.with_query_planner(planner))
+                .build(),
+            None => builder
+                .with_physical_optimizer_rule(Arc::new(crate::engine::top_one::TopOnePerKey))
+                .with_query_planner(planner)
+                .build(),
+        };
         SessionContext::new_with_state(state)
     }
 }

@@ -209,43 +209,27 @@ impl Steps {
         event: Option<&EventTime>,
     ) -> Result<(DataFrame, EventTimeStats)> {
         let mut event_times = EventTimeStats::default();
-        let table = match input {
-            BatchInput::Held(table) => table,
-            // A cluster's plan: stateless steps only (stateful ones are refused at start).
-            BatchInput::Planned(mut df) => {
-                for t in &self.transforms {
-                    df = match t {
-                        Transform::Fn(f) => {
-                            f(df).map_err(|e| Error::datafusion("the DataFrame transform", e))?
-                        }
-                        Transform::Sql(sql) => sql_over_batch(ctx, df, sql).await.map_err(|e| {
-                            Error::datafusion(format!("the SQL transform `{sql}`"), e)
-                        })?,
-                        _ => {
-                            return Err(Error::Internal {
-                                what: "a stateful step on a cluster".into(),
-                            });
-                        }
-                    };
+        let mut df = match input {
+            // A cluster's plan: its steps are planned on it (stateful ones are refused at
+            // start, so the loop below sees none).
+            BatchInput::Planned(df) => df,
+            BatchInput::Held(table) => {
+                if let [Transform::Sql(sql)] = self.transforms.as_slice() {
+                    let parts = partitions_of(&table).await;
+                    let n = ctx.state_ref().read().config().target_partitions();
+                    let df = self
+                        .sql_plan
+                        .lock()
+                        .await
+                        .frame(ctx, sql, table.schema(), deal(parts, n))
+                        .await
+                        .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?;
+                    return Ok((df, event_times));
                 }
-                return Ok((df, event_times));
+                ctx.read_table(table)
+                    .map_err(|e| Error::datafusion("reading the materialized batch", e))?
             }
         };
-        if let [Transform::Sql(sql)] = self.transforms.as_slice() {
-            let parts = partitions_of(&table).await;
-            let n = ctx.state_ref().read().config().target_partitions();
-            let df = self
-                .sql_plan
-                .lock()
-                .await
-                .frame(ctx, sql, table.schema(), deal(parts, n))
-                .await
-                .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?;
-            return Ok((df, event_times));
-        }
-        let mut df = ctx
-            .read_table(table.clone())
-            .map_err(|e| Error::datafusion("reading the materialized batch", e))?;
         let mut stateful = 0;
         for t in &self.transforms {
             df = match t {
