@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# CPU and bytes of one files pipeline with N `weir worker`s on this machine (N = 0: no
+# [cluster]). Prints one line: driver CPU per batch, worker CPU per input row, bytes the
+# workers sent per row (their write() bytes: the Flight streams; they write no files).
+#
+#   weir gen --dir /tmp/in --files 60 --rows-per-file 20000 --keys 100000
+#   for n in 0 1 2 3; do scripts/bench-cluster.sh target/release/weir /tmp/in $n group; done
+#
+# KIND: `pass` (a filter: every row goes back to the driver) or `group` (GROUP BY status:
+# partial aggregates shuffle between workers). Figures in BENCHMARKS-distributed.md.
+set -euo pipefail
+BIN=$(realpath "$1"); INPUT=$(realpath "$2"); N=$3; KIND=$4
+D=$(mktemp -d); cd $D
+cp -r "$INPUT" in
+case $KIND in
+  pass) SQL="SELECT order_id, status, amount, updated_at FROM batch WHERE amount IS NOT NULL";;
+  group) SQL="SELECT status, count(*) AS n, sum(amount) AS total FROM batch GROUP BY status";;
+esac
+PIDS=(); URLS=()
+for i in $(seq 1 $N); do
+  $BIN worker --listen 127.0.0.1:0 > w$i.log 2>&1 & PIDS+=($!)
+done
+sleep 1
+for i in $(seq 1 $N); do URLS+=("\"$(grep -o 'http://[0-9.:]*' w$i.log)\""); done
+CL=""
+if [ $N -gt 0 ]; then CL="[cluster]
+workers = [$(IFS=,; echo "${URLS[*]}")]"; fi
+cat > p.toml <<EOT
+[query]
+name = "cb"
+checkpoint = "chk"
+[source]
+type = "files"
+path = "in"
+format = "json"
+schema = ["order_id bigint", "status string", "amount double", "updated_at timestamp"]
+max-files-per-trigger = 6
+[transform]
+sql = "$SQL"
+[[sink]]
+type = "parquet"
+path = "out"
+$CL
+EOT
+cpu() { awk '{print $14+$15}' /proc/$1/stat; }
+io() { awk '/^(rchar|wchar)/{print $2}' /proc/$1/io | paste -sd' '; }
+declare -A C0; declare -A IO0
+for p in ${PIDS[@]+"${PIDS[@]}"}; do C0[$p]=$(cpu $p); IO0[$p]="$(io $p)"; done
+/usr/bin/time -f "%U %S %e %M" -o drv.time $BIN run p.toml --quiet --progress prog.jsonl
+read U S E M < drv.time
+WCPU=0; WOUT=0; WIN=0
+TCK=$(getconf CLK_TCK)
+for p in ${PIDS[@]+"${PIDS[@]}"}; do
+  c=$(( $(cpu $p) - ${C0[$p]} )); WCPU=$((WCPU + c))
+  read r1 w1 <<< "$(io $p)"; read r0 w0 <<< "${IO0[$p]}"
+  WOUT=$((WOUT + w1 - w0)); WIN=$((WIN + r1 - r0))
+  kill $p
+done
+ROWS=$(python3 -c "import json;print(sum(json.loads(l)['numInputRows'] for l in open('prog.jsonl')))")
+B=$(wc -l < prog.jsonl)
+python3 - <<PY
+rows=$ROWS; b=$B; tck=$TCK
+drv=$U+$S; w=$WCPU/tck
+print(f"workers=$N kind=$KIND batches={b} rows={rows} wall_s=$E driver_cpu_s={drv:.2f} driver_cpu_ms_per_batch={1000*drv/b:.1f} driver_peak_rss_mb={$M/1024:.1f} worker_cpu_s={w:.2f} worker_cpu_us_per_row={1e6*w/rows if $N else 0:.2f} total_cpu_us_per_row={1e6*(drv+w)/rows:.2f} worker_bytes_sent_per_row={$WOUT/rows:.1f} worker_bytes_read_per_row={$WIN/rows:.1f}")
+PY
+cd /; rm -rf $D
