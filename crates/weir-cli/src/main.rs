@@ -299,7 +299,7 @@ async fn run_worker(listen: &str, token: Option<&str>) -> Result<()> {
         }
     );
     let mut signals = Signals::new()?;
-    weir_cluster::worker::serve(listener, token, async move {
+    weir_cluster::worker::serve(listener, token, weir::config::SCANS, async move {
         let why = signals.next().await;
         eprintln!("weir worker: {why}: stopping");
     })

@@ -232,11 +232,11 @@ impl Pipeline {
         self.trigger()?;
         if let Some(c) = &self.cluster {
             c.check()?;
-            if self.source.kind() != "files" {
+            if !self.source.spec().reads_on_workers() {
                 anyhow::bail!(
                     "invalid setting 'cluster': the {} source does not run on a cluster yet \
-                     (only the files source's reads are sent to workers); remove [cluster] to \
-                     run this pipeline in one process",
+                     (only the files and Kafka sources' reads are sent to workers); remove \
+                     [cluster] to run this pipeline in one process",
                     self.source.kind()
                 );
             }
@@ -390,7 +390,7 @@ impl Pipeline {
     pub(crate) fn session(&self) -> Result<WeirSession> {
         let session = self.local_session()?;
         Ok(match &self.cluster {
-            Some(c) => session.cluster(Arc::new(WeirCluster::new(c)?)),
+            Some(c) => session.cluster(Arc::new(WeirCluster::new(c, weir::config::SCANS)?)),
             None => session,
         })
     }

@@ -2,9 +2,10 @@
 //! plan with datafusion-proto; nodes it does not know go through this codec, registered on
 //! the driver's session and on every worker's.
 //!
-//! Today one node: the file source's scan of a batch's recorded files,
-//! [`RecordedFilesExec`]. Its description ([`weir_core::source::file::FilesScan`]) goes as
-//! JSON, its schema as datafusion-proto's message.
+//! The nodes are the sources' scans of a batch's recorded input ([`WorkerScan`]s: the
+//! files of `sources/<i>/N`, the Kafka ranges of `offsets/N`), of the kinds the binary
+//! lists ([`ScanKind`]). Each goes as its kind's name, the schema it decodes with (as
+//! datafusion-proto's message) and its own description as JSON.
 
 use std::sync::Arc;
 
@@ -15,15 +16,12 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use datafusion_proto::protobuf;
 use prost::Message;
-use weir_core::source::file::{FilesScan, RecordedFilesExec};
-
-/// The kind of a weir node on the wire.
-const RECORDED_FILES: &str = "weir.RecordedFiles.v1";
+use weir_core::source::leaf::{ScanKind, find_scan};
 
 /// A weir node on the wire.
 #[derive(Clone, PartialEq, prost::Message)]
 struct WeirNodeProto {
-    /// Which node (`RECORDED_FILES`).
+    /// Which kind of scan ([`ScanKind::kind`]).
     #[prost(string, tag = "1")]
     kind: String,
     /// The schema the node decodes with.
@@ -34,9 +32,26 @@ struct WeirNodeProto {
     body: String,
 }
 
-/// The codec for weir's nodes.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct WeirCodec;
+/// The scans a driver or worker knows, in the order the binary lists them.
+pub type ScanKinds = &'static [&'static ScanKind];
+
+/// The codec for weir's nodes: the scans of `kinds`.
+#[derive(Debug, Clone, Copy)]
+pub struct WeirCodec {
+    kinds: ScanKinds,
+}
+
+impl WeirCodec {
+    /// A codec for the scans of `kinds`.
+    pub fn new(kinds: ScanKinds) -> WeirCodec {
+        WeirCodec { kinds }
+    }
+
+    fn known(&self) -> String {
+        let names: Vec<&str> = self.kinds.iter().map(|k| k.kind).collect();
+        names.join(", ")
+    }
+}
 
 impl PhysicalExtensionCodec for WeirCodec {
     fn try_decode(
@@ -48,32 +63,28 @@ impl PhysicalExtensionCodec for WeirCodec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let node = WeirNodeProto::decode(buf)
             .map_err(|e| DataFusionError::Internal(format!("decoding a weir plan node: {e}")))?;
-        if node.kind != RECORDED_FILES {
+        let Some(kind) = self.kinds.iter().find(|k| k.kind == node.kind) else {
             return Err(DataFusionError::NotImplemented(format!(
-                "plan node '{}' is not known to this worker (weir {}): driver and workers must \
-                 run the same weir",
+                "plan node '{}' is not known to this worker (weir {}, knows {}): driver and \
+                 workers must run the same weir",
                 node.kind,
-                crate::VERSION
+                crate::VERSION,
+                self.known()
             )));
-        }
+        };
         if !inputs.is_empty() {
             return Err(DataFusionError::Internal(format!(
-                "RecordedFilesExec has no inputs, {} given",
+                "{} has no inputs, {} given",
+                node.kind,
                 inputs.len()
             )));
         }
         let schema: Schema = node
             .schema
             .as_ref()
-            .ok_or_else(|| DataFusionError::Internal("RecordedFilesExec without a schema".into()))?
+            .ok_or_else(|| DataFusionError::Internal(format!("{} without a schema", node.kind)))?
             .try_into()?;
-        let scan: FilesScan = serde_json::from_str(&node.body).map_err(|e| {
-            DataFusionError::Internal(format!("decoding a RecordedFilesExec's scan: {e}"))
-        })?;
-        Ok(Arc::new(RecordedFilesExec::try_new(
-            scan,
-            Arc::new(schema),
-        )?))
+        (kind.decode)(Arc::new(schema), &node.body)
     }
 
     fn try_encode(
@@ -82,18 +93,17 @@ impl PhysicalExtensionCodec for WeirCodec {
         buf: &mut Vec<u8>,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
-        let Some(exec) = node.downcast_ref::<RecordedFilesExec>() else {
+        let Some(scan) = find_scan(self.kinds, &node) else {
             return Err(DataFusionError::NotImplemented(format!(
-                "{} cannot be sent to a worker: weir's codec knows RecordedFilesExec only",
-                node.name()
+                "{} cannot be sent to a worker: weir's codec knows {} only",
+                node.name(),
+                self.known()
             )));
         };
-        let body = serde_json::to_string(exec.scan()).map_err(|e| {
-            DataFusionError::Internal(format!("encoding a RecordedFilesExec's scan: {e}"))
-        })?;
+        let (schema, body) = scan.encode()?;
         let proto = WeirNodeProto {
-            kind: RECORDED_FILES.into(),
-            schema: Some(exec.decode_schema().as_ref().try_into()?),
+            kind: scan.kind().into(),
+            schema: Some(schema.as_ref().try_into()?),
             body,
         };
         proto
@@ -109,7 +119,7 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field};
     use datafusion::prelude::SessionContext;
     use datafusion_proto::physical_plan::DefaultPhysicalProtoConverter;
-    use weir_core::source::file::FileEntry;
+    use weir_core::source::file::{FileEntry, FilesScan, RECORDED_FILES, RecordedFilesExec};
     use weir_core::{BadRecordMode, FileFormat};
 
     use super::*;
@@ -143,11 +153,10 @@ mod tests {
         let exec = Arc::new(RecordedFilesExec::try_new(scan.clone(), schema.clone()).unwrap());
         let mut buf = Vec::new();
         let conv = DefaultPhysicalProtoConverter {};
-        WeirCodec.try_encode(exec.clone(), &mut buf, &conv).unwrap();
+        let codec = WeirCodec::new(&[&RECORDED_FILES]);
+        codec.try_encode(exec.clone(), &mut buf, &conv).unwrap();
         let ctx = SessionContext::new();
-        let back = WeirCodec
-            .try_decode(&buf, &[], &ctx.task_ctx(), &conv)
-            .unwrap();
+        let back = codec.try_decode(&buf, &[], &ctx.task_ctx(), &conv).unwrap();
         let back = back.downcast_ref::<RecordedFilesExec>().unwrap();
         assert_eq!(back.scan(), &scan);
         assert_eq!(back.decode_schema(), &schema);
@@ -156,11 +165,19 @@ mod tests {
         // Anything else is refused, naming it.
         let other = ctx.read_empty().unwrap();
         let plan = futures::executor::block_on(other.create_physical_plan()).unwrap();
-        let e = WeirCodec
-            .try_encode(plan, &mut Vec::new(), &conv)
+        let e = codec.try_encode(plan, &mut Vec::new(), &conv).unwrap_err();
+        assert!(
+            e.to_string().contains("knows weir.RecordedFiles.v1 only"),
+            "{e}"
+        );
+        // A kind the worker does not know is refused, naming it and the known ones.
+        let none = WeirCodec::new(&[]);
+        let e = none
+            .try_decode(&buf, &[], &ctx.task_ctx(), &conv)
             .unwrap_err();
         assert!(
-            e.to_string().contains("knows RecordedFilesExec only"),
+            e.to_string()
+                .contains("plan node 'weir.RecordedFiles.v1' is not known"),
             "{e}"
         );
     }

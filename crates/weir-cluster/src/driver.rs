@@ -7,10 +7,11 @@
 //!   None answering is an error naming each worker and why.
 //! - **Channels**: one gRPC channel per worker, kept; every request on it carries the weir
 //!   version and the cluster token as headers (the worker's gate checks them).
-//! - **Tasks**: the scan of a batch's files asks for one task per file, at most one per
-//!   worker (the planner's cap), and each task gets its share of the files by bytes
-//!   (`FilesScan::split`). Tasks go to the workers round robin, and which worker ran which
-//!   scan task is kept for the progress report's `cluster.workers`.
+//! - **Tasks**: a batch's scan ([`weir_core::source::leaf::WorkerScan`]) asks for as many tasks as it can use (one
+//!   per file, one per Kafka partition with records), at most one per worker (the
+//!   planner's cap), and each task gets its share (`WorkerScan::per_task`). Tasks go to
+//!   the workers round robin, and which worker ran which scan task is kept for the
+//!   progress report's `cluster.workers`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -37,9 +38,9 @@ use tonic::transport::Endpoint;
 use url::Url;
 use weir_core::engine::{Cluster, ClusterRun, WorkerTasks};
 use weir_core::error::error_chain;
-use weir_core::source::file::RecordedFilesExec;
+use weir_core::source::leaf::find_scan;
 
-use crate::codec::WeirCodec;
+use crate::codec::{ScanKinds, WeirCodec};
 use crate::config::ClusterConfig;
 use crate::{Error, Result, TOKEN_HEADER, VERSION, VERSION_HEADER};
 
@@ -53,11 +54,14 @@ pub struct WeirCluster {
     live: Arc<RwLock<Vec<Url>>>,
     /// The worker of each scan task of the plan that ran last.
     scan_routes: Arc<Mutex<Vec<Url>>>,
+    /// The scans the codec carries.
+    kinds: ScanKinds,
 }
 
 impl WeirCluster {
-    /// The cluster of `config`, checked but not yet contacted.
-    pub fn new(config: &ClusterConfig) -> Result<WeirCluster> {
+    /// The cluster of `config`, checked but not yet contacted; its plans carry the scans
+    /// of `kinds`.
+    pub fn new(config: &ClusterConfig, kinds: ScanKinds) -> Result<WeirCluster> {
         let configured = config.urls()?;
         Ok(WeirCluster {
             configured,
@@ -65,6 +69,7 @@ impl WeirCluster {
             channels: Channels::new(config.connect_timeout()?, config.token()?.as_deref())?,
             live: Arc::new(RwLock::new(Vec::new())),
             scan_routes: Arc::new(Mutex::new(Vec::new())),
+            kinds,
         })
     }
 
@@ -128,6 +133,24 @@ impl WeirCluster {
     }
 }
 
+impl WeirCluster {
+    /// The workers plans went to that do not answer a probe now, each with why.
+    async fn unanswering(&self) -> Vec<String> {
+        let live = self.live.read().map(|l| l.clone()).unwrap_or_default();
+        let probes = live.iter().map(|url| async move {
+            self.probe(url)
+                .await
+                .err()
+                .map(|why| format!("{url} ({why})"))
+        });
+        futures::future::join_all(probes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
 /// Why a worker did not answer: a refusal's own message (the gate's status, which
 /// datafusion-distributed hands back as an external error), else the whole error.
 fn refusal(e: &DataFusionError) -> String {
@@ -157,15 +180,20 @@ impl Cluster for WeirCluster {
         let live = self.live.clone();
         let routes = self.scan_routes.clone();
         let turn = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let kinds = self.kinds;
         builder
             .with_distributed_worker_resolver(LiveWorkers(self.live.clone()))
             .with_distributed_channel_resolver(self.channels.clone())
             .with_distributed_planner()
-            .with_distributed_user_codec(WeirCodec)
-            .with_distributed_desired_task_count_handler(files_task_count)
-            .with_distributed_scale_up_leaf_node_handler(files_scale_up)
+            .with_distributed_user_codec(WeirCodec::new(kinds))
+            .with_distributed_desired_task_count_handler(move |ev: DesiredTaskCountEvent<'_>| {
+                task_count(kinds, ev)
+            })
+            .with_distributed_scale_up_leaf_node_handler(move |ev: ScaleUpLeafNodeEvent<'_>| {
+                scale_up(kinds, ev)
+            })
             .with_distributed_route_tasks_handler(move |ev: RouteTasksEvent<'_>| {
-                route(&live, &routes, &turn, ev)
+                route(kinds, &live, &routes, &turn, ev)
             })
     }
 
@@ -217,14 +245,27 @@ impl Cluster for WeirCluster {
             .create_physical_plan()
             .await
             .map_err(|e| failed("planning the batch", e))?;
-        let batches = datafusion::physical_plan::collect(plan.clone(), task_ctx)
-            .await
-            .map_err(|e| failed("running the batch's plan on the workers", e))?;
+        let batches = match datafusion::physical_plan::collect(plan.clone(), task_ctx).await {
+            Ok(b) => b,
+            Err(e) => {
+                // Say which workers went away: a transport error names none.
+                let gone = self.unanswering().await;
+                let what = if gone.is_empty() {
+                    "running the batch's plan on the workers".to_string()
+                } else {
+                    format!(
+                        "running the batch's plan on the workers ({} not answering now)",
+                        gone.join(", ")
+                    )
+                };
+                return Err(failed(&what, e));
+            }
+        };
         let with_metrics =
             rewrite_distributed_plan_with_metrics(plan, DistributedMetricsFormat::PerTask)
                 .await
                 .map_err(|e| failed("collecting the workers' metrics", e))?;
-        let per_task = scan_rows_per_task(&with_metrics);
+        let per_task = scan_rows_per_task(self.kinds, &with_metrics);
         let routes = self
             .scan_routes
             .lock()
@@ -343,46 +384,47 @@ impl ChannelResolver for Channels {
     }
 }
 
-fn as_files(plan: &Arc<dyn ExecutionPlan>) -> Option<&RecordedFilesExec> {
-    plan.downcast_ref::<RecordedFilesExec>()
-}
-
-/// One task per file of the batch (the planner caps it at the workers).
-fn files_task_count(
+/// As many tasks as the scan can use (the planner caps it at the workers).
+fn task_count(
+    kinds: ScanKinds,
     ev: DesiredTaskCountEvent<'_>,
 ) -> Option<datafusion::error::Result<DesiredTaskCountEventResponse>> {
-    let files = as_files(ev.plan)?;
-    let n = files.scan().files().count().max(1);
-    Some(Ok(DesiredTaskCountEventResponse::desired(n)))
+    let scan = find_scan(kinds, ev.plan)?;
+    Some(Ok(DesiredTaskCountEventResponse::desired(
+        scan.tasks_wanted().max(1),
+    )))
 }
 
-/// Each task its share of the files.
-fn files_scale_up(
+/// Each task its share of the scan.
+fn scale_up(
+    kinds: ScanKinds,
     ev: ScaleUpLeafNodeEvent<'_>,
 ) -> Option<datafusion::error::Result<ScaleUpLeafNodeEventResponse>> {
-    let files = as_files(ev.plan)?;
+    let scan = find_scan(kinds, ev.plan)?;
     Some((|| {
-        let variants = files
-            .per_task(ev.task_count)?
-            .into_iter()
-            .map(|v| Arc::new(v) as Arc<dyn ExecutionPlan>);
+        let variants = scan.per_task(ev.task_count)?;
         let leaf = DistributedLeafExec::try_new(ev.plan.clone(), variants)?;
         Ok(ScaleUpLeafNodeEventResponse::new(Arc::new(leaf)))
     })())
 }
 
-/// Whether the stage headed by `plan` holds the scan of recorded files (the stages below
-/// its network boundaries are not looked at).
-fn holds_scan(plan: &Arc<dyn ExecutionPlan>) -> bool {
+/// Whether `node` is a scan, or a scan scaled up into one variant per task.
+fn is_scan(kinds: ScanKinds, node: &Arc<dyn ExecutionPlan>) -> bool {
+    find_scan(kinds, node).is_some()
+        || node
+            .downcast_ref::<DistributedLeafExec>()
+            .is_some_and(|l| find_scan(kinds, l.original()).is_some())
+}
+
+/// Whether the stage headed by `plan` holds a scan (the stages below its network
+/// boundaries are not looked at).
+fn holds_scan(kinds: ScanKinds, plan: &Arc<dyn ExecutionPlan>) -> bool {
     let mut found = false;
     let _ = plan.apply(|node| {
         if !Arc::ptr_eq(node, plan) && node.as_network_boundary().is_some() {
             return Ok(TreeNodeRecursion::Jump);
         }
-        let leaf = node
-            .downcast_ref::<DistributedLeafExec>()
-            .map(|l| l.original());
-        if as_files(node).is_some() || leaf.is_some_and(|o| as_files(o).is_some()) {
+        if is_scan(kinds, node) {
             found = true;
             return Ok(TreeNodeRecursion::Stop);
         }
@@ -394,6 +436,7 @@ fn holds_scan(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// Round robin over the live workers, from a turning start; the scan stage's routing is
 /// kept for the report.
 fn route(
+    kinds: ScanKinds,
     live: &RwLock<Vec<Url>>,
     routes: &Mutex<Vec<Url>>,
     turn: &std::sync::atomic::AtomicUsize,
@@ -407,7 +450,7 @@ fn route(
     let picked: Vec<Url> = (0..ev.task_count)
         .map(|i| urls[(start + i) % urls.len()].clone())
         .collect();
-    if holds_scan(ev.plan)
+    if holds_scan(kinds, ev.plan)
         && let Ok(mut r) = routes.lock()
     {
         *r = picked.clone();
@@ -415,14 +458,13 @@ fn route(
     Some(Ok(RouteTasksEventResponse::new(picked)))
 }
 
-/// Rows each task's scan of recorded files gave, from the plan's metrics after it ran.
-fn scan_rows_per_task(plan: &Arc<dyn ExecutionPlan>) -> BTreeMap<usize, u64> {
+/// Rows each task's scan gave, from the plan's metrics after it ran.
+fn scan_rows_per_task(kinds: ScanKinds, plan: &Arc<dyn ExecutionPlan>) -> BTreeMap<usize, u64> {
     let mut rows = BTreeMap::new();
     let _ = plan.apply(|node| {
-        let is_scan = as_files(node).is_some()
-            || node.downcast_ref::<DistributedLeafExec>().is_some()
-            || node.name() == "RecordedFilesExec";
-        if is_scan && let Some(metrics) = node.metrics() {
+        if is_scan(kinds, node)
+            && let Some(metrics) = node.metrics()
+        {
             for m in metrics.iter() {
                 if let MetricValue::OutputRows(count) = m.value() {
                     let task = m

@@ -8,8 +8,9 @@
 //! - `weir worker --listen HOST:PORT` is a **worker** ([`worker::serve`]): no durable state,
 //!   it runs the plan stages a driver sends. A worker checks every request for the driver's
 //!   weir version and the cluster token, and refuses a mismatch naming it.
-//! - The batch's **scan runs on the workers**: each task reads its share of the files
-//!   `sources/<i>/N` recorded ([`weir_core::source::file::RecordedFilesExec`], sent by
+//! - The batch's **scan runs on the workers**: each task reads its share of the recorded
+//!   input, the files `sources/<i>/N` listed or the Kafka ranges of `offsets/N`
+//!   ([`weir_core::source::leaf::WorkerScan`]s of the kinds the binary lists, sent by
 //!   [`codec::WeirCodec`]). The stateless steps (SQL, DataFrame functions) are planned on
 //!   the distributed session, so their shuffles are the planner's hash repartitions.
 //! - **Failures**: a plan that fails on a worker (killed, cut off) is run again with the
@@ -17,9 +18,8 @@
 //!   checked again before every attempt ([`driver::WeirCluster`]), so one that comes back
 //!   joins at the next attempt or batch.
 //!
-//! Not distributed yet: the Kafka source's read (it reads on the driver), stateful steps
-//! (refused on a cluster), and the sinks' writes (the driver writes what the workers
-//! computed).
+//! Not distributed yet: stateful steps (refused on a cluster) and the sinks' writes (the
+//! driver writes what the workers computed).
 
 pub mod codec;
 pub mod config;

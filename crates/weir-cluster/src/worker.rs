@@ -17,7 +17,7 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Status};
 
-use crate::codec::WeirCodec;
+use crate::codec::{ScanKinds, WeirCodec};
 use crate::driver::Channels;
 use crate::{Error, Result, TOKEN_HEADER, VERSION, VERSION_HEADER};
 
@@ -30,6 +30,7 @@ const PEER_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs
 #[derive(Clone)]
 struct WeirWorkerSession {
     channels: Channels,
+    codec: WeirCodec,
 }
 
 #[async_trait]
@@ -40,7 +41,7 @@ impl WorkerSessionBuilder for WeirWorkerSession {
     ) -> Result<SessionState, DataFusionError> {
         Ok(ctx
             .builder
-            .with_distributed_user_codec(WeirCodec)
+            .with_distributed_user_codec(self.codec)
             .with_distributed_channel_resolver(self.channels.clone())
             .build())
     }
@@ -104,10 +105,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Serves a worker on `listener` until `shutdown` resolves.
+/// Serves a worker on `listener` until `shutdown` resolves; it reads the scans of `kinds`.
 pub async fn serve(
     listener: TcpListener,
     token: Option<String>,
+    kinds: ScanKinds,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let addr = listener
@@ -115,7 +117,11 @@ pub async fn serve(
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
     let channels = Channels::new(PEER_CONNECT_TIMEOUT, token.as_deref())?;
-    let worker = Worker::from_session_builder(WeirWorkerSession { channels }).with_version(VERSION);
+    let session = WeirWorkerSession {
+        channels,
+        codec: WeirCodec::new(kinds),
+    };
+    let worker = Worker::from_session_builder(session).with_version(VERSION);
     let service = InterceptedService::new(worker.into_worker_server(), Gate::new(token));
     Server::builder()
         .add_service(service)

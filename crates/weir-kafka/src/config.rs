@@ -104,6 +104,9 @@ impl KafkaConfig {
         for (k, v) in &self.kafka {
             o.kafka
                 .insert(k.clone(), secret(&format!("source.kafka.{k}"), v)?);
+            if let Some(var) = v.strip_prefix("env:") {
+                o.secret_env.insert(k.clone(), var.to_string());
+            }
         }
         o.value_format = match self.value_format {
             None | Some(ValueFormatName::Raw) => {
@@ -188,6 +191,9 @@ impl SourceSpec for KafkaConfig {
             }),
             ..ReadLimit::ALL
         })
+    }
+    fn reads_on_workers(&self) -> bool {
+        true
     }
 }
 

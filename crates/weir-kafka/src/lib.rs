@@ -8,6 +8,9 @@
 //! `<checkpoint>/sources/0/0` before it runs, as Spark does, so a replay of batch 0 does not
 //! depend on where `earliest` or `latest` has moved since.
 //!
+//! On a cluster (`[cluster]`) each batch's ranges are read on the workers, each task its
+//! share of the partitions straight from the brokers (`KafkaRangeExec`).
+//!
 //! librdkafka is built by its own `./configure` with OpenSSL (TLS, SASL PLAIN, SCRAM,
 //! OAUTHBEARER) and every codec (gzip, snappy, lz4, zstd); `kafka.*` settings pass through.
 
@@ -15,6 +18,7 @@ mod admin;
 mod client;
 mod config;
 mod error;
+mod leaf;
 mod offsets;
 mod options;
 mod read;
@@ -23,6 +27,7 @@ mod source;
 pub use admin::{create_topic, delete_topic, end_offsets};
 pub use config::{KafkaConfig, ValueFormatName};
 pub use error::KafkaSourceError;
+pub use leaf::{KAFKA_RANGES, KafkaRange, KafkaRangeExec, KafkaScan};
 pub use offsets::{check_loss, split_limit};
 pub use options::{BadRecordMode, KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
 pub use source::KafkaSource;

@@ -117,6 +117,9 @@ pub struct KafkaOptions {
     /// Other `kafka.*` settings, passed to librdkafka as they are (security included).
     /// Never logged.
     pub kafka: BTreeMap<String, String>,
+    /// The `kafka.*` settings that were given as `env:NAME`, by key: a scan sent to a
+    /// cluster's workers carries the reference, not the secret.
+    pub secret_env: BTreeMap<String, String>,
     pub value_format: ValueFormat,
     /// `includeHeaders`: a `headers` column (array of key/value structs) in the raw format.
     pub include_headers: bool,
@@ -140,6 +143,7 @@ impl KafkaOptions {
             starting_offsets: StartingOffsets::Earliest,
             fail_on_data_loss: true,
             kafka: BTreeMap::new(),
+            secret_env: BTreeMap::new(),
             value_format: ValueFormat::Raw,
             include_headers: false,
             fetch_timeout: Duration::from_secs(60),

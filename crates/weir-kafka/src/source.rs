@@ -10,12 +10,14 @@ use rdkafka::consumer::BaseConsumer;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
 use weir_core::logfile::{parse_line, parse_versioned, render};
+use weir_core::source::leaf::scans_on_cluster;
 use weir_core::source::{SourceInit, decode};
 use weir_core::storage::{Location, WriteOutcome};
 use weir_core::{Error, ReadLimit, Result, Source, SourceOffset};
 
 use crate::client::{self, consumer, partitions, watermarks, with_client};
 use crate::error::KafkaSourceError;
+use crate::leaf::{KafkaRangesTable, KafkaScan};
 use crate::offsets::{self, check_loss, split_limit, wait_for_more};
 use crate::options::{KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
 use crate::{PartitionOffsets, read};
@@ -232,6 +234,10 @@ impl Source for KafkaSource {
         self.schema.clone()
     }
 
+    fn reads_on_workers(&self) -> bool {
+        true
+    }
+
     async fn open(&self, init: &SourceInit) -> Result<()> {
         *self.log.lock().map_err(|_| self.poisoned())? = Some(init.log.clone());
         Ok(())
@@ -354,6 +360,21 @@ impl Source for KafkaSource {
     ) -> Result<DataFrame> {
         let begin = self.start_of(start).await?;
         let end = offsets::parse(end.json()).map_err(|e| self.err(e))?;
+        if scans_on_cluster(ctx) {
+            // Read where the plan runs: the workers, each its share of the partitions.
+            let scan = KafkaScan::new(&self.opts, &begin, &end);
+            let decode_schema = match &self.opts.value_format {
+                ValueFormat::Raw => self.schema.clone(),
+                ValueFormat::Json { schema, .. } => schema.clone(),
+            };
+            let table = KafkaRangesTable::new(scan, decode_schema);
+            return ctx.read_table(Arc::new(table)).map_err(|e| {
+                Error::datafusion(
+                    format!("{}: planning the batch's read", self.description()),
+                    e,
+                )
+            });
+        }
         let batches = self
             .with_reader(move |c, o| read::read(c, o, &begin, &end))
             .await?;

@@ -5,7 +5,8 @@
 //! files, `weir chaos`, `weir bench` and the Python package use without naming a kind.
 //!
 //! Adding a sink: one crate implementing the traits of [`weir_core::connector`], and one
-//! line in [`SINKS`].
+//! line in [`SINKS`]. A source whose reads run on a cluster's workers adds its scan to
+//! [`SCANS`].
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -15,6 +16,7 @@ use weir_core::connector::{
     BuildEnv, FilesConfig, ParquetConfig, RateConfig, SinkConnector, SinkHarness, SinkSpec,
     SourceConnector, SourceHarness, SourceSpec,
 };
+use weir_core::source::leaf::ScanKind;
 use weir_core::{Result, StreamingDataFrame, WeirSession};
 use weir_delta::{DeltaAppendConfig, DeltaMergeConfig};
 use weir_kafka::KafkaConfig;
@@ -34,6 +36,13 @@ pub const SINKS: &[&dyn SinkKind] = &[
     &Kind::<DeltaAppendConfig>(PhantomData),
     &Kind::<DeltaMergeConfig>(PhantomData),
     &Kind::<PostgresUpsertConfig>(PhantomData),
+];
+
+/// Every scan that runs on a cluster's workers: the reads of the sources whose
+/// `reads_on_workers` is true. The driver's codec and every worker's carry these.
+pub const SCANS: &[&ScanKind] = &[
+    &weir_core::source::file::RECORDED_FILES,
+    &weir_kafka::KAFKA_RANGES,
 ];
 
 /// A registry entry: the connector type `C`, erased.

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use weir_core::fault::{AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE};
 use weir_testkit::{parquet_rows, run_weir, temp_dir};
 
-use crate::kills::killed_in_batch_2_then_rerun;
+use crate::kills::{kafka_topic_with_orders, killed_in_batch_2_then_rerun};
 use crate::{
-    bin, gen_orders, input_rows, last_progress, pipeline_with, progress_batches, run_to_end,
+    SCHEMA, bin, gen_orders, input_rows, last_progress, pipeline_with, progress_batches, run_to_end,
 };
 
 /// A `weir worker` process, killed when dropped.
@@ -350,4 +350,141 @@ async fn workers_that_cannot_take_the_plan_are_refused_before_batch_0_naming_the
         stderr.contains("the rate source does not run on a cluster yet"),
         "{stderr}"
     );
+}
+
+/// A Kafka pipeline on `workers`: JSON orders of `topic`, `per_batch` records a batch, into
+/// Parquet.
+fn kafka_cluster_pipeline(
+    dir: &Path,
+    topic: &str,
+    per_batch: u64,
+    workers: &[&Worker],
+    extra: &str,
+) -> std::path::PathBuf {
+    let urls: Vec<String> = workers.iter().map(|w| format!("\"{}\"", w.url)).collect();
+    let p = dir.join("pipeline.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"[query]
+name = "orders"
+checkpoint = "chk"
+trigger = "available-now"
+
+[source]
+type = "kafka"
+bootstrap-servers = "{}"
+subscribe = ["{topic}"]
+max-offsets-per-trigger = {per_batch}
+value-format = "json"
+schema = {SCHEMA}
+
+[[sink]]
+type = "parquet"
+path = "out"
+
+[cluster]
+workers = [{}]
+connect-timeout = "2s"
+{extra}
+"#,
+            weir_testkit::kafka().bootstrap,
+            urls.join(", ")
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Each batch's Kafka ranges are read on the workers, a partition per task; the driver
+/// killed at its fault points replays the same ranges there, and every record lands once.
+#[tokio::test]
+async fn kafka_ranges_are_read_on_the_workers_and_a_killed_driver_replays_them_exactly() {
+    let ws = [
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+    ];
+    for (n, point) in [AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE]
+        .into_iter()
+        .enumerate()
+    {
+        let topic = format!("cluster_orders_{n}");
+        let sent = kafka_topic_with_orders(&topic, 20).await;
+        let dir = temp_dir();
+        let p = kafka_cluster_pipeline(dir.path(), &topic, 15, &[&ws[0], &ws[1], &ws[2]], "");
+        let first = dir.path().join("p1.jsonl");
+        let second = dir.path().join("p2.jsonl");
+        killed_in_batch_2_then_rerun(&p, point, &first, &second);
+        assert_eq!(progress_batches(&first), vec![0, 1], "{point}");
+        assert_eq!(
+            progress_batches(&second),
+            vec![2, 3],
+            "{point}: same ids again"
+        );
+        let got = parquet_rows(&dir.path().join("out"), &["order_id", "status"]).await;
+        assert_eq!(got, sent, "{point}: each record exactly once");
+        // 15 records a batch over 3 partitions: three tasks, one per worker, 5 rows each.
+        let text = std::fs::read_to_string(&first).unwrap();
+        for line in text.lines() {
+            let report: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(report["numInputRows"], 15, "{report}");
+            let workers = report["cluster"]["workers"].as_array().unwrap().clone();
+            assert_eq!(workers.len(), 3, "{report}");
+            for w in &workers {
+                assert_eq!(w["tasks"], 1, "{report}");
+                assert_eq!(w["inputRows"], 5, "{report}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_run_on_kafka_loses_and_repeats_no_record() {
+    let mut ws = [
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+    ];
+    let sent = kafka_topic_with_orders("cluster_worker_kill", 1500).await;
+    let dir = temp_dir();
+    let p = kafka_cluster_pipeline(
+        dir.path(),
+        "cluster_worker_kill",
+        300,
+        &[&ws[0], &ws[1], &ws[2]],
+        "max-batch-attempts = 4",
+    );
+    let progress = dir.path().join("progress.jsonl");
+    let driver = Command::new(bin())
+        .args([
+            "run",
+            p.to_str().unwrap(),
+            "--progress",
+            progress.to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while progress_batches(&progress).len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let addr = ws[2].addr();
+    ws[2].kill();
+    std::thread::sleep(Duration::from_millis(200));
+    ws[2] = Worker::start(&addr, None);
+    let out = driver.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        progress_batches(&progress),
+        (0..15).collect::<Vec<u64>>(),
+        "{stderr}"
+    );
+    let got = parquet_rows(&dir.path().join("out"), &["order_id", "status"]).await;
+    assert_eq!(got.len(), 4500, "{stderr}");
+    assert_eq!(got, sent, "every record exactly once");
 }

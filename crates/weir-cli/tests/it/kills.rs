@@ -397,7 +397,9 @@ async fn a_kill_around_the_postgres_transaction_leaves_the_table_equal_to_the_re
     }
 }
 
-async fn kafka_topic_with_orders(name: &str, per_partition: usize) -> Vec<String> {
+/// A topic of 3 partitions with `per_partition` JSON orders each; the `order_id|status` of
+/// every record sent, sorted.
+pub(crate) async fn kafka_topic_with_orders(name: &str, per_partition: usize) -> Vec<String> {
     use weir_kafka::rdkafka::ClientConfig;
     use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
     let bootstrap = &weir_testkit::kafka().bootstrap;

@@ -138,7 +138,7 @@ impl WeirSession {
             config = config.with_target_partitions(n);
         }
         if self.cluster.is_some() {
-            config = config.with_extension(Arc::new(crate::source::file::ScansOnCluster));
+            config = config.with_extension(Arc::new(crate::source::leaf::ScansOnCluster));
         }
         let builder = datafusion::execution::SessionStateBuilder::new()
             .with_config(config)

@@ -184,6 +184,9 @@ impl SourceSpec for FilesConfig {
             ..ReadLimit::ALL
         })
     }
+    fn reads_on_workers(&self) -> bool {
+        true
+    }
 }
 
 impl SourceHarness for FilesConfig {

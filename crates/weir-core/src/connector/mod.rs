@@ -211,6 +211,13 @@ pub trait SourceSpec: Send + Sync + Debug {
 
     /// The read limits the config sets (max files / offsets per trigger, ...).
     fn read_limit(&self) -> Result<ReadLimit>;
+
+    /// Whether the built source reads its ranges on a cluster's workers
+    /// ([`Source::reads_on_workers`]): a pipeline with `[cluster]` refuses one that does not
+    /// before anything runs.
+    fn reads_on_workers(&self) -> bool {
+        false
+    }
 }
 
 /// The kinds of input chaos and benchmarks can feed a source.

@@ -82,7 +82,7 @@ pub(super) async fn read_rows(
     end: &SourceOffset,
 ) -> Result<ReadRows> {
     let df = source.read_range(ctx, start, end).await?;
-    if crate::source::file::scans_on_cluster(ctx) {
+    if crate::source::leaf::scans_on_cluster(ctx) {
         return Ok(ReadRows {
             input: BatchInput::Planned(df),
             count: 0,

@@ -114,6 +114,11 @@ pub(crate) async fn run_on_cluster(
                 );
                 attempt += 1;
             }
+            Err(Error::Cluster { reason }) => {
+                return Err(Error::Cluster {
+                    reason: format!("batch {batch_id}, attempt {attempt} of {attempts}: {reason}"),
+                });
+            }
             Err(e) => return Err(e),
         }
     }

@@ -64,8 +64,8 @@ pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
             return Err(Error::config(
                 "cluster",
                 format!(
-                    "the source {} does not run on a cluster yet: only the files source's \
-                     reads are sent to workers; run this query without a cluster",
+                    "the source {} does not run on a cluster yet: only the files and Kafka \
+                     sources' reads are sent to workers; run this query without a cluster",
                     req.source.description()
                 ),
             ));

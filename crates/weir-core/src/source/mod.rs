@@ -8,6 +8,7 @@
 pub mod decode;
 pub mod file;
 pub mod flat_json;
+pub mod leaf;
 pub mod memory;
 pub mod rate;
 pub mod validate;

@@ -6,8 +6,9 @@
 //! a replay reads the same rows wherever it runs.
 //!
 //! The scan is described by [`FilesScan`], plain data a codec can send: the folder's URL and
-//! storage settings, the format, the bad-record mode and the files of each task. The
-//! codec itself lives with the cluster (`weir-cluster`), which carries the schema.
+//! storage settings, the format, the bad-record mode and the files of each task. It is a
+//! [`WorkerScan`] of kind [`RECORDED_FILES`]; the codec that carries it lives with the
+//! cluster (`weir-cluster`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,29 +27,14 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use datafusion::prelude::SessionContext;
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use super::{FileEntry, FileFormat, read};
 use crate::error::Error;
 use crate::source::decode::{BadRecordMode, output_schema};
+use crate::source::leaf::{ScanKind, WorkerScan};
 use crate::storage::{Location, StorageOptions};
-
-/// Marks a session whose plans run on a cluster: the file source then hands out a
-/// [`RecordedFilesExec`] instead of reading the range itself.
-#[derive(Debug, Default)]
-pub struct ScansOnCluster;
-
-/// True when `ctx`'s plans run on a cluster's workers.
-pub fn scans_on_cluster(ctx: &SessionContext) -> bool {
-    // Asked once or twice a batch: read under the lock, without copying the session.
-    ctx.state_ref()
-        .read()
-        .config()
-        .get_extension::<ScansOnCluster>()
-        .is_some()
-}
 
 /// What one scan of recorded files reads: plain data, sent to the workers with the plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,6 +152,46 @@ impl RecordedFilesExec {
                 Self::in_dir(scan, self.decode_schema.clone(), self.dir.clone())
             })
             .collect()
+    }
+}
+
+/// The file source's scan on the wire.
+pub const RECORDED_FILES: ScanKind = ScanKind {
+    kind: "weir.RecordedFiles.v1",
+    find: |node| {
+        node.downcast_ref::<RecordedFilesExec>()
+            .map(|e| e as &dyn WorkerScan)
+    },
+    decode: |schema, body| {
+        let scan: FilesScan = serde_json::from_str(body).map_err(|e| {
+            DataFusionError::Internal(format!("decoding a scan of recorded files: {e}"))
+        })?;
+        Ok(Arc::new(RecordedFilesExec::try_new(scan, schema)?))
+    },
+};
+
+impl WorkerScan for RecordedFilesExec {
+    fn kind(&self) -> &'static str {
+        RECORDED_FILES.kind
+    }
+
+    fn encode(&self) -> DfResult<(SchemaRef, String)> {
+        let body = serde_json::to_string(&self.scan).map_err(|e| {
+            DataFusionError::Internal(format!("encoding a scan of recorded files: {e}"))
+        })?;
+        Ok((self.decode_schema.clone(), body))
+    }
+
+    /// One task per file.
+    fn tasks_wanted(&self) -> usize {
+        self.scan.files().count().max(1)
+    }
+
+    fn per_task(&self, tasks: usize) -> DfResult<Vec<Arc<dyn ExecutionPlan>>> {
+        Ok(RecordedFilesExec::per_task(self, tasks)?
+            .into_iter()
+            .map(|e| Arc::new(e) as Arc<dyn ExecutionPlan>)
+            .collect())
     }
 }
 

@@ -48,7 +48,7 @@ use super::{ReadLimit, Source, SourceInit, SourceOffset};
 use crate::error::{Error, Result};
 use crate::logfile::retention::{Purge, log_keep_from, purge};
 use crate::storage::{FileMeta, ListingCursor, Location, blocking, is_hidden};
-pub use leaf::{FilesScan, RecordedFilesExec, ScansOnCluster, scans_on_cluster};
+pub use leaf::{FilesScan, RECORDED_FILES, RecordedFilesExec};
 pub use log::FileEntry;
 use log::{COMPACT_INTERVAL, entry_name};
 pub use options::{CleanSource, FileFormat, FileSourceOptions};
@@ -520,7 +520,7 @@ impl Source for FileSource {
             .clone()
             .unwrap_or_else(|| self.schema.clone());
         let mode = self.opts.mode;
-        if leaf::scans_on_cluster(ctx) {
+        if super::leaf::scans_on_cluster(ctx) {
             // Read where the plan runs: the workers, each its share of the files.
             let scan = FilesScan {
                 dir: dir.url().to_string(),

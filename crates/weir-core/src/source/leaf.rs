@@ -1,0 +1,73 @@
+//! Reads that run on a cluster's workers. On a session whose plans run on a cluster
+//! ([`scans_on_cluster`]), a source that [`Source::reads_on_workers`](super::Source) does not
+//! read a batch's range into the driver's memory: `read_range` returns a plan whose leaf is
+//! a [`WorkerScan`], plain data naming what the range holds (the files of `sources/<i>/N`,
+//! the Kafka offset ranges of `offsets/N`). The distributed planner splits it into tasks
+//! ([`WorkerScan::per_task`]) and a codec sends each task's share to a worker, which reads
+//! it with the same checks and decoder as the single-process path. A replay reads the same
+//! rows wherever it runs.
+//!
+//! Each kind of scan is described once by a [`ScanKind`]: its name on the wire, how to find
+//! it in a plan and how a worker rebuilds it. The binary lists the kinds it knows (beside
+//! its sources) and hands the list to the cluster, so weir-core stays free of the transport
+//! and connectors stay free of the cluster.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::Result as DfResult;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionContext;
+
+/// Marks a session whose plans run on a cluster: a source that reads on workers then hands
+/// out a [`WorkerScan`] instead of reading the range itself.
+#[derive(Debug, Default)]
+pub struct ScansOnCluster;
+
+/// True when `ctx`'s plans run on a cluster's workers.
+pub fn scans_on_cluster(ctx: &SessionContext) -> bool {
+    // Asked once or twice a batch: read under the lock, without copying the session.
+    ctx.state_ref()
+        .read()
+        .config()
+        .get_extension::<ScansOnCluster>()
+        .is_some()
+}
+
+/// A leaf that reads a batch's recorded input where the plan runs.
+pub trait WorkerScan: ExecutionPlan {
+    /// The scan's kind on the wire (its [`ScanKind::kind`]).
+    fn kind(&self) -> &'static str;
+
+    /// The scan as plain data for the wire: the schema it decodes with, and its own
+    /// description as JSON. May hold settings a worker needs to read (never shown).
+    fn encode(&self) -> DfResult<(SchemaRef, String)>;
+
+    /// How many tasks the scan can use (one per file, one per Kafka partition with
+    /// records); the planner caps it at the workers.
+    fn tasks_wanted(&self) -> usize;
+
+    /// One scan per task, each of its share of the input; every row of the range is in
+    /// exactly one of them.
+    fn per_task(&self, tasks: usize) -> DfResult<Vec<Arc<dyn ExecutionPlan>>>;
+}
+
+/// One kind of [`WorkerScan`]: its name on the wire, how to find it in a plan and how to
+/// rebuild it on a worker.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanKind {
+    /// The name on the wire, versioned (`weir.RecordedFiles.v1`).
+    pub kind: &'static str,
+    /// The node as a scan of this kind, if it is one.
+    pub find: fn(&Arc<dyn ExecutionPlan>) -> Option<&dyn WorkerScan>,
+    /// Rebuilds a scan from what [`WorkerScan::encode`] gave.
+    pub decode: fn(schema: SchemaRef, body: &str) -> DfResult<Arc<dyn ExecutionPlan>>,
+}
+
+/// The node as a scan of any of `kinds`.
+pub fn find_scan<'a>(
+    kinds: &[&ScanKind],
+    node: &'a Arc<dyn ExecutionPlan>,
+) -> Option<&'a dyn WorkerScan> {
+    kinds.iter().find_map(|k| (k.find)(node))
+}
