@@ -50,6 +50,10 @@ struct State {
     replayed: u64,
     input_rows: BTreeMap<String, u64>,
     sinks: BTreeMap<String, SinkFigures>,
+    /// Per cluster worker (by URL): tasks run and input rows read, over all batches.
+    workers: BTreeMap<String, (u64, u64)>,
+    /// Workers that ran tasks of the last batch (`None`: not on a cluster).
+    last_workers: Option<usize>,
     phases: BTreeMap<&'static str, Histogram>,
     last_batch: Option<(u64, f64)>,
     add_batch_ratio: Option<f64>,
@@ -149,6 +153,8 @@ impl Monitor {
                 replayed: 0,
                 input_rows: BTreeMap::new(),
                 sinks: BTreeMap::new(),
+                workers: BTreeMap::new(),
+                last_workers: None,
                 phases: BTreeMap::new(),
                 last_batch: None,
                 add_batch_ratio: None,
@@ -286,6 +292,38 @@ impl Monitor {
                     *rows as f64,
                 );
             }
+            if let Some(n) = s.last_workers {
+                out.gauge(
+                    "weir_cluster_workers",
+                    "Cluster workers that ran tasks of the last batch",
+                    &q,
+                    n as f64,
+                );
+                out.help(
+                    "weir_cluster_worker_tasks_total",
+                    "counter",
+                    "Tasks of the batches' plans a cluster worker ran",
+                );
+                for (url, (tasks, _)) in &s.workers {
+                    out.sample(
+                        "weir_cluster_worker_tasks_total",
+                        &[("query", &self.name), ("worker", url)],
+                        *tasks as f64,
+                    );
+                }
+                out.help(
+                    "weir_cluster_worker_input_rows_total",
+                    "counter",
+                    "Input rows a cluster worker's tasks read",
+                );
+                for (url, (_, rows)) in &s.workers {
+                    out.sample(
+                        "weir_cluster_worker_input_rows_total",
+                        &[("query", &self.name), ("worker", url)],
+                        *rows as f64,
+                    );
+                }
+            }
             out.help("weir_sink_rows_total", "counter", "Rows a sink wrote");
             for (sink, f) in &s.sinks {
                 out.sample(
@@ -404,6 +442,14 @@ impl QueryListener for Monitor {
                     s.lag.insert(k, lag);
                 }
             }
+            if let Some(c) = &p.cluster {
+                s.last_workers = Some(c.workers.len());
+                for w in &c.workers {
+                    let f = s.workers.entry(w.url.clone()).or_default();
+                    f.0 += w.tasks;
+                    f.1 += w.input_rows;
+                }
+            }
             for phase in DURATION_PHASES {
                 if let Some(ms) = p.duration_ms.get(phase) {
                     s.phases
@@ -490,5 +536,38 @@ mod tests {
             )
             .is_empty()
         );
+    }
+
+    #[test]
+    fn cluster_workers_add_up_per_worker_across_batches() {
+        let m = Monitor::new("q", Duration::ZERO, Duration::from_secs(60));
+        let mut text = String::new();
+        for (batch, rows) in [(0, [5, 7]), (1, [11, 13])] {
+            let p: StreamingQueryProgress = serde_json::from_value(serde_json::json!({
+                "id": uuid::Uuid::nil(), "runId": uuid::Uuid::nil(), "name": "q",
+                "timestamp": "2026-12-06T00:00:00.000Z", "batchId": batch,
+                "batchDuration": 1, "numInputRows": rows[0] + rows[1],
+                "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0,
+                "durationMs": {}, "stateOperators": [], "sources": [],
+                "sink": {"description": "ForeachBatchSink", "numOutputRows": -1},
+                "cluster": {"workers": [
+                    {"url": "http://10.0.0.1:7400/", "tasks": 1, "inputRows": rows[0]},
+                    {"url": "http://10.0.0.2:7400/", "tasks": 2, "inputRows": rows[1]},
+                ]},
+            }))
+            .unwrap();
+            m.on_query_progress(&p);
+            let mut out = crate::expo::Exposition::new();
+            m.render(&mut out);
+            text = out.finish();
+        }
+        for line in [
+            "weir_cluster_workers{query=\"q\"} 2",
+            "weir_cluster_worker_tasks_total{query=\"q\",worker=\"http://10.0.0.2:7400/\"} 4",
+            "weir_cluster_worker_input_rows_total{query=\"q\",worker=\"http://10.0.0.1:7400/\"} 16",
+            "weir_cluster_worker_input_rows_total{query=\"q\",worker=\"http://10.0.0.2:7400/\"} 20",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
     }
 }
