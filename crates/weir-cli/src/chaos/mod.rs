@@ -17,6 +17,10 @@
 //!   of its recorded range;
 //! - each replay after a kill ran the pending batch with its recorded id and offsets.
 //!
+//! With `--workers N` the batches run on N `weir worker` processes started here (a
+//! `[cluster]` on loopback), and one run in two also SIGKILLs a random worker at a random
+//! moment; it is started again on its port when the run ends.
+//!
 //! Exit code 1 when anything does not match; `--json` prints the summary as JSON.
 
 mod input;
@@ -25,6 +29,7 @@ mod retarget;
 mod stateful;
 mod supervise;
 mod verify;
+mod workers;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -111,6 +116,11 @@ pub(crate) struct ChaosArgs {
     /// Print the summary as one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Run the batches on this many `weir worker` processes started here (the pipeline's
+    /// `[cluster]` is replaced by them), and SIGKILL workers too: one run in two kills a
+    /// random worker at a random moment.
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
     /// Print the fault points the pipeline's connectors declare (a JSON array, in the
     /// order a batch passes them) and exit.
     #[arg(long)]
@@ -128,6 +138,7 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 pub(crate) struct Summary {
     pub kills: u32,
     pub sigkills: u32,
+    pub worker_kills: u32,
     pub points: BTreeMap<String, u32>,
     pub runs: u32,
     pub not_reached: u32,
@@ -298,6 +309,24 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&points(&pipeline))?);
         return Ok(());
     }
+    let weir = match &args.weir {
+        Some(w) => w.clone(),
+        None => std::env::current_exe()?,
+    };
+    let mut cluster = None;
+    if args.workers > 0 {
+        let w = workers::Workers::start(&weir, &dir.join("runs"), args.workers).await?;
+        pipeline.cluster = Some(weir_cluster::ClusterConfig {
+            workers: w.urls(),
+            token: None,
+            // A killed worker fails the attempt; the next one runs on the workers left.
+            max_batch_attempts: Some(5),
+            connect_timeout: Some("1s".into()),
+        });
+        cluster = Some(w);
+    } else if pipeline.cluster.is_some() {
+        bail!("{origin} has a [cluster]: run it with --workers N (chaos starts its own workers)");
+    }
     let pipeline_path = dir.join("pipeline.toml");
     std::fs::write(&pipeline_path, pipeline.to_toml()?)?;
     let pipeline = Pipeline::load(&pipeline_path)?;
@@ -322,10 +351,6 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
         weir_kafka::create_topic(brokers, topic, PARTITIONS).await?;
         input.kafka = Some((brokers.clone(), topic.clone()));
     }
-    let weir = match &args.weir {
-        Some(w) => w.clone(),
-        None => std::env::current_exe()?,
-    };
     let points = points(&pipeline);
     let checkpoint = env.location("query.checkpoint", &pipeline.query.checkpoint)?;
     let mut rng = SplitMix(args.seed ^ 0x5EED);
@@ -379,8 +404,44 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
         } else {
             (None, vec![])
         };
+        // With workers, one run in two also loses a random worker at a random moment.
+        let worker_kill = match &cluster {
+            Some(w) if rng.next().is_multiple_of(2) => {
+                let frac = 0.05 + (rng.next() % 1000) as f64 / 1000.0;
+                Some((
+                    (rng.next() % w.len() as u64) as usize,
+                    Duration::from_millis((typical_ms * frac) as u64),
+                ))
+            }
+            _ => None,
+        };
         let mut child = spawn(&weir, &pipeline_path, &log, fault.as_deref(), &env)?;
-        let ended = wait(&mut child, kill_after, limit, &log).await?;
+        let ended = {
+            let run = wait(&mut child, kill_after, limit, &log);
+            tokio::pin!(run);
+            let kill_one = async {
+                match worker_kill {
+                    Some((i, after)) => {
+                        tokio::time::sleep(after).await;
+                        i
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ended = &mut run => ended?,
+                i = kill_one => {
+                    if let Some(w) = cluster.as_mut() {
+                        w.kill(i).await?;
+                        s.worker_kills += 1;
+                    }
+                    run.await?
+                }
+            }
+        };
+        if let Some(w) = cluster.as_mut() {
+            w.revive().await?;
+        }
         if let Some(before) = &before {
             let lost = power::cut(&dir, NOT_CUT, before, &journal)?;
             s.power_cuts += 1;
@@ -509,6 +570,15 @@ fn report(s: &Summary, points: &[&str]) {
         ),
     );
     row("points hit", hit.join(", "));
+    if s.worker_kills > 0 {
+        row(
+            "worker kills",
+            format!(
+                "{} (SIGKILL of a worker at a random moment of a run, restarted after it)",
+                s.worker_kills
+            ),
+        );
+    }
     row(
         "runs",
         format!(

@@ -74,6 +74,50 @@ fn chaos_on_the_worked_example_finds_no_mismatch() {
     assert!(checked.contains("all committed"), "{checked}");
 }
 
+/// `weir chaos --workers 3` on the worked example: the batches' Kafka reads and the
+/// newest-per-key window run on three `weir worker`s, and the kills hit the driver (at
+/// random moments and fault points) and the workers (SIGKILL at random moments, restarted
+/// after); every sink and the source are checked as without a cluster.
+#[test]
+fn chaos_with_workers_killed_too_finds_no_mismatch() {
+    let _one = POSTGRES_CHAOS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = temp_dir();
+    let work = dir.path().join("chaos");
+    let s = chaos(&[
+        "--kills",
+        "6",
+        "--seed",
+        "5",
+        "--workers",
+        "3",
+        "--batch-rows",
+        "200",
+        "--keys",
+        "300",
+        "--dir",
+        work.to_str().unwrap(),
+        "--kafka",
+        &weir_testkit::kafka().bootstrap,
+        "--postgres",
+        &weir_testkit::postgres().url,
+    ]);
+    assert_eq!(s["mismatches"], serde_json::json!([]), "{s}");
+    assert_eq!(s["kills"], 6, "{s}");
+    assert!(s["worker_kills"].as_u64().unwrap() >= 1, "{s}");
+    let checked = checked(&s);
+    assert!(checked.contains("all committed"), "{checked}");
+    // The reports came from the cluster.
+    let runs = std::fs::read_dir(work.join("runs")).unwrap();
+    let mut on_workers = 0;
+    for e in runs.flatten() {
+        if e.path().extension().is_some_and(|x| x == "jsonl") {
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            on_workers += text.lines().filter(|l| l.contains("\"cluster\"")).count();
+        }
+    }
+    assert!(on_workers > 0, "progress reports name the workers");
+}
+
 /// `weir chaos` on the stateful example (watermark, dedupe within it, sliding-window
 /// counts in update mode into Delta MERGE and PostgreSQL): kills at random moments and at
 /// every fault point including the state commit; each batch is replayed from the
