@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# CPU and bytes of one files pipeline with N `weir worker`s on this machine (N = 0: no
-# [cluster]). Prints one line: driver CPU per batch, worker CPU per input row, bytes the
-# workers sent per row (their write() bytes: the Flight streams; they write no files).
+# CPU and bytes of one pipeline with N `weir worker`s on this machine (N = 0: no [cluster]).
+# Prints one line: driver CPU per batch, worker CPU per input row, bytes the workers sent
+# per row (their write() bytes: the Flight streams; they write no files).
 #
-#   weir gen --dir /tmp/in --files 60 --rows-per-file 20000 --keys 100000
+#   weir gen --dir /tmp/in --files 60 --rows-per-file 20000 --keys 100000 \
+#     [--kafka 127.0.0.1:9092 --topic orders --partitions 6]
 #   for n in 0 1 2 3; do scripts/bench-cluster.sh target/release/weir /tmp/in $n group; done
+#   for n in 0 1 2 3; do scripts/bench-cluster.sh target/release/weir kafka://127.0.0.1:9092/orders $n newest; done
 #
-# KIND: `pass` (a filter: every row goes back to the driver) or `group` (GROUP BY status:
-# partial aggregates shuffle between workers). Figures in BENCHMARKS-distributed.md.
+# INPUT: a folder of JSON files (6 files a batch) or kafka://BROKERS/TOPIC (120,000 records
+# a batch). KIND: `pass` (a filter: every row goes back to the driver), `group` (GROUP BY
+# status: partial aggregates shuffle between workers) or `newest` (the seed's query: the
+# newest row per order_id by a row_number() window, shuffled by order_id).
+# Figures in BENCHMARKS-distributed.md.
 set -euo pipefail
-BIN=$(realpath "$1"); INPUT=$(realpath "$2"); N=$3; KIND=$4
+BIN=$(realpath "$1"); INPUT=$2; N=$3; KIND=$4
+case $INPUT in
+  kafka://*) rest=${INPUT#kafka://}; SOURCE="type = \"kafka\"
+bootstrap-servers = \"${rest%%/*}\"
+subscribe = [\"${rest#*/}\"]
+max-offsets-per-trigger = 120000
+value-format = \"json\"";;
+  *) INPUT=$(realpath "$INPUT"); SOURCE="type = \"files\"
+path = \"in\"
+format = \"json\"
+max-files-per-trigger = 6";;
+esac
 D=$(mktemp -d); cd $D
-cp -r "$INPUT" in
+case $INPUT in kafka://*) ;; *) cp -r "$INPUT" in;; esac
 case $KIND in
   pass) SQL="SELECT order_id, status, amount, updated_at FROM batch WHERE amount IS NOT NULL";;
   group) SQL="SELECT status, count(*) AS n, sum(amount) AS total FROM batch GROUP BY status";;
+  newest) SQL="SELECT order_id, status, amount, updated_at FROM (SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn FROM batch) WHERE rn = 1";;
 esac
 PIDS=(); URLS=()
 for i in $(seq 1 $N); do
@@ -29,12 +46,10 @@ cat > p.toml <<EOT
 [query]
 name = "cb"
 checkpoint = "chk"
+trigger = "available-now"
 [source]
-type = "files"
-path = "in"
-format = "json"
+$SOURCE
 schema = ["order_id bigint", "status string", "amount double", "updated_at timestamp"]
-max-files-per-trigger = 6
 [transform]
 sql = "$SQL"
 [[sink]]

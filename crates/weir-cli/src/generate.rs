@@ -40,6 +40,16 @@ pub(crate) struct GenArgs {
     /// and rows that tie with another row of their order on `updated_at`.
     #[arg(long)]
     pub odd: bool,
+    /// Also produce every line to a new Kafka topic (`--topic`) on these brokers, spread
+    /// over `--partitions` partitions (for benchmarks and clusters that read Kafka).
+    #[arg(long, requires = "topic")]
+    pub kafka: Option<String>,
+    /// The topic `--kafka` creates and fills.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Partitions of the `--topic`.
+    #[arg(long, default_value_t = 3)]
+    pub partitions: i32,
 }
 
 impl GenArgs {
@@ -60,6 +70,9 @@ impl GenArgs {
             late_ms: 60_000,
             first_file: 0,
             odd: false,
+            kafka: None,
+            topic: None,
+            partitions: 3,
         }
     }
 }

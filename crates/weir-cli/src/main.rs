@@ -193,6 +193,16 @@ async fn dispatch(command: Command) -> Result<()> {
         Command::Gen(args) => {
             let files = generate::generate(&args)?;
             println!("wrote {} files to {}", files.len(), args.dir.display());
+            if let (Some(brokers), Some(topic)) = (&args.kafka, &args.topic) {
+                weir_kafka::create_topic(brokers, topic, args.partitions).await?;
+                let paths: Vec<_> = files.iter().map(|w| w.path.clone()).collect();
+                let sent =
+                    demo::produce_lines(brokers, topic, args.partitions, &paths, 0, false).await?;
+                println!(
+                    "produced {sent} records to {topic} ({} partitions)",
+                    args.partitions
+                );
+            }
             Ok(())
         }
         Command::Bench(args) => bench::run(args).await,
