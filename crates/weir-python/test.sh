@@ -11,6 +11,8 @@ if [ ! -x "$venv/bin/maturin" ] || [ ! -x "$venv/bin/pytest" ]; then
   exit 1
 fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/root/.cache/weir-target}"
+# The cluster tests start `weir worker`s: the binary `cargo test --workspace` built.
+export WEIR_BIN="${WEIR_BIN:-$CARGO_TARGET_DIR/debug/weir}"
 wheels="$(mktemp -d)"
 trap 'rm -rf "$wheels"' EXIT
 # The dev profile shares the workspace's compiled crates (a release wheel: --release).

@@ -14,6 +14,7 @@ use weir::datafusion::prelude::DataFrame;
 use weir::engine::{Transform, check_steps};
 use weir::storage::StorageOptions;
 use weir::{BatchContext, BoxError, ForeachBatch, StreamingQuery, Trigger, WeirSession};
+use weir_cluster::{ClusterConfig, WeirCluster};
 
 use crate::batch::Batch;
 use crate::runtime::{block_on, engine_error, error, handle};
@@ -27,6 +28,9 @@ struct QuerySpec {
     source: SourceConfig,
     #[serde(default)]
     storage: BTreeMap<String, String>,
+    /// `Session(cluster=...)`: a pipeline file's `[cluster]` table.
+    #[serde(default)]
+    cluster: Option<ClusterConfig>,
     #[serde(default)]
     steps: Vec<Step>,
     name: String,
@@ -47,6 +51,7 @@ enum Step {
 /// A parsed and checked query spec.
 struct Parsed {
     source: SourceConfig,
+    cluster: Option<Arc<WeirCluster>>,
     env: BuildEnv,
     steps: Vec<Transform>,
     name: String,
@@ -59,6 +64,21 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
     let spec: QuerySpec =
         serde_json::from_str(spec).map_err(|e| bad(format!("the query's settings: {e}")))?;
     let source = spec.source;
+    let cluster = match &spec.cluster {
+        None => None,
+        Some(c) => {
+            if !source.spec().reads_on_workers() {
+                return Err(bad(format!(
+                    "cluster: the {} source does not run on a cluster yet (only the files and \
+                     Kafka sources' reads are sent to workers)",
+                    source.kind()
+                )));
+            }
+            let cluster =
+                WeirCluster::new(c, weir::config::SCANS).map_err(|e| bad(e.to_string()))?;
+            Some(Arc::new(cluster))
+        }
+    };
     let env = BuildEnv {
         base: spec.base,
         storage: StorageOptions::new(spec.storage).map_err(|e| engine_error(py, &e))?,
@@ -90,6 +110,7 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
         .map_err(|e| engine_error(py, &e))?;
     Ok(Parsed {
         source,
+        cluster,
         env,
         steps,
         name: spec.name,
@@ -109,7 +130,10 @@ pub fn start_query(py: Python<'_>, spec: &str, func: Py<PyAny>) -> PyResult<Quer
         failure: failure.clone(),
     };
     let started = block_on(py, async move {
-        let session = WeirSession::new().storage_options(p.env.storage.clone());
+        let mut session = WeirSession::new().storage_options(p.env.storage.clone());
+        if let Some(c) = p.cluster {
+            session = session.cluster(c);
+        }
         let mut frame = p.source.load(&session, &p.env).await?;
         for step in p.steps {
             frame = frame.then(step);

@@ -86,10 +86,21 @@ def _convert(fmt, name, value, kind):
 class Session:
     """The entry point (Spark's ``SparkSession``). ``storage_options`` are object-store
     settings for ``s3://``, ``az://`` and ``gs://`` paths (``aws_endpoint``,
-    ``aws_region``, ...; a value ``env:NAME`` is read from the environment)."""
+    ``aws_region``, ...; a value ``env:NAME`` is read from the environment).
 
-    def __init__(self, storage_options=None):
+    ``cluster`` runs the batches on ``weir worker`` processes, as a pipeline file's
+    ``[cluster]`` table: ``{"workers": ["http://10.0.0.5:7400", ...], "token":
+    "env:WEIR_CLUSTER_TOKEN", "max_batch_attempts": 3, "connect_timeout": "5s"}``. This
+    process is the driver and keeps the checkpoint; the function gets the rows the workers
+    computed."""
+
+    def __init__(self, storage_options=None, cluster=None):
         self._storage = {str(k): _text(v) for k, v in (storage_options or {}).items()}
+        self._cluster = None
+        if cluster is not None:
+            if not isinstance(cluster, dict):
+                raise ConfigError("cluster: a dict such as {'workers': ['http://host:7400']}")
+            self._cluster = {str(k).replace("_", "-"): v for k, v in cluster.items()}
 
     @property
     def read_stream(self):
@@ -321,6 +332,7 @@ class DataStreamWriter:
         return json.dumps({
             "source": dict(f._config, type=f._kind),
             "storage": f._session._storage,
+            "cluster": f._session._cluster,
             "steps": f._steps,
             "name": self._name or "weir",
             "checkpoint": self._checkpoint,
