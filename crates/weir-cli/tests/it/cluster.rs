@@ -25,7 +25,19 @@ struct Worker {
 impl Worker {
     /// Starts a worker on `listen` (`127.0.0.1:0`: a free port) and waits for its address.
     fn start(listen: &str, token: Option<&str>) -> Worker {
-        let mut cmd = Command::new(bin());
+        Worker::start_in(None, listen, token)
+    }
+
+    /// Starts a worker in network namespace `ns` (`ip netns exec`), or in this one.
+    fn start_in(ns: Option<&str>, listen: &str, token: Option<&str>) -> Worker {
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
         cmd.args(["worker", "--listen", listen])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -487,4 +499,181 @@ async fn a_worker_killed_mid_run_on_kafka_loses_and_repeats_no_record() {
     let got = parquet_rows(&dir.path().join("out"), &["order_id", "status"]).await;
     assert_eq!(got.len(), 4500, "{stderr}");
     assert_eq!(got, sent, "every record exactly once");
+}
+
+/// Network namespaces joined by a bridge: one network stack per worker, as on machines of
+/// their own. Removed when dropped.
+struct Netns {
+    bridge: String,
+    names: Vec<String>,
+    /// The bridge's address (the driver's side) and each namespace's.
+    addrs: Vec<String>,
+}
+
+impl Netns {
+    fn ip(args: &[&str]) -> std::process::Output {
+        Command::new("ip").args(args).output().expect("running ip")
+    }
+
+    fn must(args: &[&str]) {
+        let out = Netns::ip(args);
+        assert!(
+            out.status.success(),
+            "ip {}: {} (the cluster tests need `ip netns` as root; .ci/run installs iproute2)",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `n` namespaces on a fresh /24, each with a veth on the bridge.
+    fn new(n: usize) -> Netns {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let id = std::process::id() % 10_000;
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let net = format!("10.{}.{}", 100 + id % 100, (id / 100 + k * 37) % 250);
+        let tag = format!("{id}{k}");
+        let bridge = format!("wb{tag}");
+        let mut me = Netns {
+            bridge: bridge.clone(),
+            names: Vec::new(),
+            addrs: vec![format!("{net}.1")],
+        };
+        Netns::must(&["link", "add", &bridge, "type", "bridge"]);
+        Netns::must(&["addr", "add", &format!("{net}.1/24"), "dev", &bridge]);
+        Netns::must(&["link", "set", &bridge, "up"]);
+        for i in 0..n {
+            let ns = format!("wn{tag}x{i}");
+            let (host, inner) = (format!("wv{tag}x{i}"), format!("wp{tag}x{i}"));
+            let addr = format!("{net}.{}", 10 + i);
+            Netns::must(&["netns", "add", &ns]);
+            me.names.push(ns.clone());
+            Netns::must(&["link", "add", &host, "type", "veth", "peer", "name", &inner]);
+            Netns::must(&["link", "set", &inner, "netns", &ns]);
+            Netns::must(&["link", "set", &host, "master", &bridge]);
+            Netns::must(&["link", "set", &host, "up"]);
+            for args in [
+                vec!["addr", "add", &*format!("{addr}/24"), "dev", &*inner],
+                vec!["link", "set", &*inner, "up"],
+                vec!["link", "set", "lo", "up"],
+            ] {
+                let mut all = vec!["-n", ns.as_str()];
+                all.extend(args.iter().copied());
+                Netns::must(&all);
+            }
+            // Added latency where the kernel has netem (not every kernel does).
+            let tc = Command::new("tc")
+                .args([
+                    "qdisc", "add", "dev", &host, "root", "netem", "delay", "2ms",
+                ])
+                .output();
+            if !tc.is_ok_and(|o| o.status.success()) {
+                eprintln!("netns test: no netem on this kernel, no added latency on {host}");
+            }
+            me.addrs.push(addr);
+        }
+        me
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for ns in &self.names {
+            let _ = Netns::ip(&["netns", "del", ns]);
+        }
+        let _ = Netns::ip(&["link", "del", &self.bridge]);
+    }
+}
+
+/// Workers in network namespaces of their own (a bridge between them and the driver):
+/// the shuffle of a grouping crosses their network stacks, a worker SIGKILLed mid-run and
+/// started again in its namespace loses and repeats nothing, and the groups equal a
+/// single process's.
+#[tokio::test]
+async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill() {
+    let net = Netns::new(3);
+    let mut ws: Vec<Worker> = (0..3)
+        .map(|i| {
+            Worker::start_in(
+                Some(&net.names[i]),
+                &format!("{}:0", net.addrs[i + 1]),
+                Some("n3t"),
+            )
+        })
+        .collect();
+    let sql = "SELECT status, count(*) AS n, sum(order_id) AS s FROM batch GROUP BY status";
+    let mut outputs = Vec::new();
+    for cluster in [true, false] {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 45, 400, 100);
+        let refs: Vec<&Worker> = ws.iter().collect();
+        let p = cluster_pipeline(
+            dir.path(),
+            &refs,
+            "token = \"n3t\"\nmax-batch-attempts = 4",
+            3,
+        );
+        let mut text = std::fs::read_to_string(&p).unwrap().replace(
+            "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
+            sql,
+        );
+        if !cluster {
+            text = text[..text.find("[cluster]").unwrap()].to_string();
+        }
+        std::fs::write(&p, text).unwrap();
+        let progress = dir.path().join("progress.jsonl");
+        let driver = Command::new(bin())
+            .args([
+                "run",
+                p.to_str().unwrap(),
+                "--progress",
+                progress.to_str().unwrap(),
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if cluster {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while progress_batches(&progress).len() < 3 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let addr = ws[0].addr();
+            ws[0].kill();
+            std::thread::sleep(Duration::from_millis(200));
+            ws[0] = Worker::start_in(Some(&net.names[0]), &addr, Some("n3t"));
+        }
+        let out = driver.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(
+            progress_batches(&progress),
+            (0..15).collect::<Vec<u64>>(),
+            "{stderr}"
+        );
+        let text = std::fs::read_to_string(&progress).unwrap();
+        let rows: u64 = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["numInputRows"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .sum();
+        assert_eq!(rows, 18_000, "{stderr}");
+        if cluster {
+            // The workers' addresses are the namespaces', not this machine's loopback.
+            let last = last_progress(&progress);
+            for w in last["cluster"]["workers"].as_array().unwrap() {
+                assert!(!w["url"].as_str().unwrap().contains("127.0.0.1"), "{last}");
+            }
+        }
+        outputs.push(parquet_rows(&dir.path().join("out"), &["status", "n", "s"]).await);
+    }
+    assert!(!outputs[0].is_empty());
+    assert_eq!(
+        outputs[0], outputs[1],
+        "the cluster's groups are the single process's"
+    );
 }
