@@ -102,21 +102,22 @@ impl fmt::Debug for KafkaScan {
 }
 
 impl KafkaScan {
-    /// The scan of `[begin, end)` for `o`: every partition of `end` (one missing from
-    /// `begin` was added since and starts at 0, as in Spark), those with records only.
+    /// The scan of `[begin, end)` for `o`: every partition of `end` with its recorded
+    /// begin (one missing from `begin` was added since and starts at 0, as in Spark), as
+    /// the single-process read takes them. Empty ranges are kept: the reader's data-loss
+    /// check decides where a partition really starts (with `failOnDataLoss = false` a
+    /// recreated topic's end may lie below the recorded begin, and its records are read).
     pub(crate) fn new(o: &KafkaOptions, begin: &PartitionOffsets, end: &PartitionOffsets) -> Self {
         let mut ranges = Vec::new();
         for (t, ps) in end {
             for (&p, &to) in ps {
                 let from = begin.get(t).and_then(|m| m.get(&p)).copied().unwrap_or(0);
-                if to > from {
-                    ranges.push(KafkaRange {
-                        topic: t.clone(),
-                        partition: p,
-                        from,
-                        to,
-                    });
-                }
+                ranges.push(KafkaRange {
+                    topic: t.clone(),
+                    partition: p,
+                    from,
+                    to,
+                });
             }
         }
         let kafka = o
@@ -269,7 +270,11 @@ impl WorkerScan for KafkaRangeExec {
 
     /// One task per partition with records.
     fn tasks_wanted(&self) -> usize {
-        self.scan.ranges().count().max(1)
+        self.scan
+            .ranges()
+            .filter(|r| r.records() > 0)
+            .count()
+            .max(1)
     }
 
     fn per_task(&self, tasks: usize) -> DfResult<Vec<Arc<dyn ExecutionPlan>>> {
@@ -366,42 +371,43 @@ impl ExecutionPlan for KafkaRangeExec {
         if mine.is_empty() {
             return Ok(builder.build());
         }
-        let opts = self
-            .scan
-            .options(&self.decode_schema)
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let what = {
+            let names: Vec<String> = mine.iter().map(ToString::to_string).collect();
+            format!("reading Kafka {}", names.join(", "))
+        };
+        let opts = self.scan.options(&self.decode_schema).map_err(|e| {
+            DataFusionError::Context(
+                what.clone(),
+                Box::new(DataFusionError::External(Box::new(e))),
+            )
+        })?;
         let projection = self.scan.projection.clone();
         let tx = builder.tx();
         builder.spawn_blocking(move || {
-            let mut begin = PartitionOffsets::new();
-            let mut end = PartitionOffsets::new();
-            for r in &mine {
-                begin
-                    .entry(r.topic.clone())
-                    .or_default()
-                    .insert(r.partition, r.from);
-                end.entry(r.topic.clone())
-                    .or_default()
-                    .insert(r.partition, r.to);
-            }
-            let what = || {
-                let names: Vec<String> = mine.iter().map(ToString::to_string).collect();
-                format!("reading Kafka {}", names.join(", "))
-            };
             let failed = |e| {
-                DataFusionError::Context(what(), Box::new(DataFusionError::External(Box::new(e))))
+                DataFusionError::Context(
+                    what.clone(),
+                    Box::new(DataFusionError::External(Box::new(e))),
+                )
             };
             let consumer = client::consumer(&opts).map_err(failed)?;
-            let batches = read::read(&consumer, &opts, &begin, &end).map_err(failed)?;
-            for batch in batches {
-                let batch = match &projection {
-                    Some(p) => batch.project(p)?,
-                    None => batch,
-                };
-                rows.add(batch.num_rows());
-                if tx.blocking_send(Ok(batch)).is_err() {
-                    // The plan stopped reading (cancelled or failed elsewhere).
-                    break;
+            // One range at a time: a range's records are sent before the next is fetched,
+            // so a task holds one partition's share in memory, and a plan that stopped
+            // reading (cancelled, or failed elsewhere) stops the task at the next range.
+            for r in &mine {
+                let begin: PartitionOffsets =
+                    [(r.topic.clone(), [(r.partition, r.from)].into())].into();
+                let end: PartitionOffsets =
+                    [(r.topic.clone(), [(r.partition, r.to)].into())].into();
+                for batch in read::read(&consumer, &opts, &begin, &end).map_err(failed)? {
+                    let batch = match &projection {
+                        Some(p) => batch.project(p)?,
+                        None => batch,
+                    };
+                    rows.add(batch.num_rows());
+                    if tx.blocking_send(Ok(batch)).is_err() {
+                        return Ok(());
+                    }
                 }
             }
             Ok(())
@@ -484,12 +490,23 @@ mod tests {
         o.secret_env
             .insert("sasl.password".into(), "KAFKA_PASSWORD".into());
         let begin: PartitionOffsets = [("o".to_string(), [(0, 5), (1, 9)].into())].into();
-        // Partition 1 has nothing new; partition 2 was added since (starts at 0).
+        // Partition 1 has nothing new (kept: the reader's data-loss check still looks at
+        // it); partition 2 was added since (starts at 0).
         let end: PartitionOffsets = [("o".to_string(), [(0, 8), (1, 9), (2, 4)].into())].into();
         let scan = KafkaScan::new(&o, &begin, &end);
         assert_eq!(
             scan.shares,
-            vec![vec![range("o", 0, 5, 8), range("o", 2, 0, 4)]]
+            vec![vec![
+                range("o", 0, 5, 8),
+                range("o", 1, 9, 9),
+                range("o", 2, 0, 4)
+            ]]
+        );
+        let exec = KafkaRangeExec::try_new(scan.clone(), read::raw_schema(false)).unwrap();
+        assert_eq!(
+            exec.tasks_wanted(),
+            2,
+            "one task per partition with records"
         );
         assert_eq!(scan.kafka["sasl.password"], "env:KAFKA_PASSWORD");
         assert_eq!(scan.kafka["security.protocol"], "SASL_SSL");

@@ -314,6 +314,12 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
         None => std::env::current_exe()?,
     };
     let mut cluster = None;
+    if args.workers == 1 {
+        bail!(
+            "--workers 1: use 2 or more (a one-task plan runs in the driver, and killing the \
+             only worker would leave the run nowhere to go)"
+        );
+    }
     if args.workers > 0 {
         let w = workers::Workers::start(&weir, &dir.join("runs"), args.workers).await?;
         pipeline.cluster = Some(weir_cluster::ClusterConfig {
@@ -416,6 +422,7 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
             _ => None,
         };
         let mut child = spawn(&weir, &pipeline_path, &log, fault.as_deref(), &env)?;
+        let mut killed_now = 0;
         let ended = {
             let run = wait(&mut child, kill_after, limit, &log);
             tokio::pin!(run);
@@ -431,16 +438,27 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
             tokio::select! {
                 ended = &mut run => ended?,
                 i = kill_one => {
-                    if let Some(w) = cluster.as_mut() {
-                        w.kill(i).await?;
+                    if let Some(w) = cluster.as_mut()
+                        && w.kill(i).await?
+                    {
                         s.worker_kills += 1;
+                        killed_now += 1;
                     }
                     run.await?
                 }
             }
         };
         if let Some(w) = cluster.as_mut() {
-            w.revive().await?;
+            let revived = w.revive().await?;
+            if revived > killed_now {
+                // Only chaos kills workers: one that ended by itself crashed on a plan.
+                s.mismatches.push(format!(
+                    "run {}: {} worker(s) exited by themselves (see {}/worker-*.log)",
+                    s.runs,
+                    revived - killed_now,
+                    dir.join("runs").display()
+                ));
+            }
         }
         if let Some(before) = &before {
             let lost = power::cut(&dir, NOT_CUT, before, &journal)?;

@@ -55,13 +55,14 @@ impl Workers {
         self.all.len()
     }
 
-    /// SIGKILLs worker `i` (a no-op if it already exited).
-    pub(super) async fn kill(&mut self, i: usize) -> Result<()> {
+    /// SIGKILLs worker `i`; false if it had already exited.
+    pub(super) async fn kill(&mut self, i: usize) -> Result<bool> {
         let w = &mut self.all[i];
-        if w.child.try_wait()?.is_none() {
-            w.child.kill().await?;
+        if w.child.try_wait()?.is_some() {
+            return Ok(false);
         }
-        Ok(())
+        w.child.kill().await?;
+        Ok(true)
     }
 
     /// Starts again every worker that is not running, each on its old address.
