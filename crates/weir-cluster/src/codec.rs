@@ -2,7 +2,8 @@
 //! plan with datafusion-proto; nodes it does not know go through this codec, registered on
 //! the driver's session and on every worker's.
 //!
-//! The nodes are the sources' scans of a batch's recorded input ([`WorkerScan`]s: the
+//! The nodes are the top-one rule's newest row per key ([`TopOnePerKeyExec`], its keys and
+//! order as datafusion-proto's sort expressions) and the sources' scans of a batch's recorded input ([`WorkerScan`]s: the
 //! files of `sources/<i>/N`, the Kafka ranges of `offsets/N`), of the kinds the binary
 //! lists ([`ScanKind`]). Each goes as its kind's name, the schema it decodes with (as
 //! datafusion-proto's message) and its own description as JSON.
@@ -13,9 +14,14 @@ use datafusion::arrow::datatypes::Schema;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::physical_plan::from_proto::parse_physical_sort_exprs;
+use datafusion_proto::physical_plan::to_proto::serialize_physical_sort_exprs;
+use datafusion_proto::physical_plan::{
+    PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
+};
 use datafusion_proto::protobuf;
 use prost::Message;
+use weir_core::engine::top_one::TopOnePerKeyExec;
 use weir_core::source::leaf::{ScanKind, find_scan};
 
 /// A weir node on the wire.
@@ -30,7 +36,15 @@ struct WeirNodeProto {
     /// The node's own description, as JSON.
     #[prost(string, tag = "3")]
     body: String,
+    /// The top-one node's keys and order ([`TOP_ONE`]).
+    #[prost(message, repeated, tag = "4")]
+    keys: Vec<protobuf::PhysicalSortExprNode>,
+    #[prost(message, repeated, tag = "5")]
+    order: Vec<protobuf::PhysicalSortExprNode>,
 }
+
+/// The newest row per key ([`TopOnePerKeyExec`]), run after the shuffle by key.
+const TOP_ONE: &str = "weir.TopOnePerKey.v1";
 
 /// The scans a driver or worker knows, in the order the binary lists them.
 pub type ScanKinds = &'static [&'static ScanKind];
@@ -58,11 +72,35 @@ impl PhysicalExtensionCodec for WeirCodec {
         &self,
         buf: &[u8],
         inputs: &[Arc<dyn ExecutionPlan>],
-        _ctx: &TaskContext,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
+        ctx: &TaskContext,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let node = WeirNodeProto::decode(buf)
             .map_err(|e| DataFusionError::Internal(format!("decoding a weir plan node: {e}")))?;
+        if node.kind == TOP_ONE {
+            let [input] = inputs else {
+                return Err(DataFusionError::Internal(format!(
+                    "{TOP_ONE} takes one input, {} given",
+                    inputs.len()
+                )));
+            };
+            let schema: Schema = node
+                .schema
+                .as_ref()
+                .ok_or_else(|| DataFusionError::Internal(format!("{TOP_ONE} without a schema")))?
+                .try_into()?;
+            let decode = PhysicalPlanDecodeContext::new(ctx, self);
+            let in_schema = input.schema();
+            let keys = parse_physical_sort_exprs(&node.keys, &decode, &in_schema, proto_converter)?;
+            let order =
+                parse_physical_sort_exprs(&node.order, &decode, &in_schema, proto_converter)?;
+            return Ok(Arc::new(TopOnePerKeyExec::new(
+                Arc::clone(input),
+                keys,
+                order,
+                Arc::new(schema),
+            )));
+        }
         let Some(kind) = self.kinds.iter().find(|k| k.kind == node.kind) else {
             return Err(DataFusionError::NotImplemented(format!(
                 "plan node '{}' is not known to this worker (weir {}, knows {}): driver and \
@@ -91,11 +129,23 @@ impl PhysicalExtensionCodec for WeirCodec {
         &self,
         node: Arc<dyn ExecutionPlan>,
         buf: &mut Vec<u8>,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
+        if let Some(top) = node.downcast_ref::<TopOnePerKeyExec>() {
+            let proto = WeirNodeProto {
+                kind: TOP_ONE.into(),
+                schema: Some(top.schema().as_ref().try_into()?),
+                body: String::new(),
+                keys: serialize_physical_sort_exprs(top.keys().to_vec(), self, proto_converter)?,
+                order: serialize_physical_sort_exprs(top.order().to_vec(), self, proto_converter)?,
+            };
+            return proto
+                .encode(buf)
+                .map_err(|e| DataFusionError::Internal(format!("encoding a weir plan node: {e}")));
+        }
         let Some(scan) = find_scan(self.kinds, &node) else {
             return Err(DataFusionError::NotImplemented(format!(
-                "{} cannot be sent to a worker: weir's codec knows {} only",
+                "{} cannot be sent to a worker: weir's codec knows {TOP_ONE} and {} only",
                 node.name(),
                 self.known()
             )));
@@ -105,6 +155,8 @@ impl PhysicalExtensionCodec for WeirCodec {
             kind: scan.kind().into(),
             schema: Some(schema.as_ref().try_into()?),
             body,
+            keys: Vec::new(),
+            order: Vec::new(),
         };
         proto
             .encode(buf)
@@ -167,7 +219,7 @@ mod tests {
         let plan = futures::executor::block_on(other.create_physical_plan()).unwrap();
         let e = codec.try_encode(plan, &mut Vec::new(), &conv).unwrap_err();
         assert!(
-            e.to_string().contains("knows weir.RecordedFiles.v1 only"),
+            e.to_string().contains("and weir.RecordedFiles.v1 only"),
             "{e}"
         );
         // A kind the worker does not know is refused, naming it and the known ones.

@@ -198,6 +198,48 @@ async fn a_grouping_shuffled_between_token_workers_equals_a_single_process_run()
     );
 }
 
+/// The seed's dedupe (newest row per order by a row_number() window) on three workers:
+/// the rows are shuffled by key and the top-one rule's node runs on the workers after the
+/// shuffle; batch for batch the result is the single process's.
+#[tokio::test]
+async fn the_newest_row_per_key_on_workers_equals_a_single_process_run() {
+    let ws = [
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+    ];
+    let sql = "SELECT order_id, status, amount, updated_at FROM (SELECT *, row_number() OVER \
+               (PARTITION BY order_id ORDER BY updated_at DESC, status DESC, amount DESC) \
+               AS rn FROM batch) WHERE rn = 1";
+    let mut outputs = Vec::new();
+    for cluster in [true, false] {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_orders(&input, 9, 500, 120);
+        let p = cluster_pipeline(dir.path(), &[&ws[0], &ws[1], &ws[2]], "", 3);
+        let mut text = std::fs::read_to_string(&p).unwrap().replace(
+            "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
+            sql,
+        );
+        if !cluster {
+            text = text[..text.find("[cluster]").unwrap()].to_string();
+        }
+        std::fs::write(&p, text).unwrap();
+        let progress = dir.path().join("progress.jsonl");
+        let last = run_to_end(&p, &progress);
+        assert_eq!(progress_batches(&progress), vec![0, 1, 2]);
+        assert_eq!(last["cluster"].is_null(), !cluster, "{last}");
+        let got = parquet_rows(&dir.path().join("out"), &COLS).await;
+        // At most one row per order and batch: 120 orders.
+        assert!(!got.is_empty() && got.len() <= 3 * 120, "{}", got.len());
+        outputs.push(got);
+    }
+    assert_eq!(
+        outputs[0], outputs[1],
+        "the cluster's newest rows are the single process's"
+    );
+}
+
 #[tokio::test]
 async fn a_worker_killed_and_restarted_mid_run_loses_and_repeats_no_row() {
     let mut ws = [

@@ -145,17 +145,15 @@ impl WeirSession {
             .with_runtime_env(self.runtime.clone())
             .with_default_features();
         let planner = Arc::new(crate::engine::WeirQueryPlanner);
+        let builder = builder
+            .with_physical_optimizer_rule(Arc::new(crate::engine::top_one::TopOnePerKey))
+            .with_query_planner(planner);
         let state = match &self.cluster {
-            // The top-one rule's node has no codec yet: on a cluster the newest row per key
-            // is DataFusion's sort and window, which the planner distributes. weir's planner
-            // goes in first: the distributed planner wraps the one it finds.
-            Some(cluster) => cluster
-                .distribute(builder.with_query_planner(planner))
-                .build(),
-            None => builder
-                .with_physical_optimizer_rule(Arc::new(crate::engine::top_one::TopOnePerKey))
-                .with_query_planner(planner)
-                .build(),
+            // weir's planner goes in first: the distributed planner wraps the one it finds,
+            // and distributes the plan the top-one rule made (its node travels with the
+            // cluster's codec, after the shuffle by key).
+            Some(cluster) => cluster.distribute(builder).build(),
+            None => builder.build(),
         };
         SessionContext::new_with_state(state)
     }

@@ -174,7 +174,10 @@ pub struct TopOnePerKeyExec {
 }
 
 impl TopOnePerKeyExec {
-    fn new(
+    /// The first row per `keys` of `input` in `order`, with the window's columns
+    /// (`schema`: the input's and the row number). On a cluster a codec rebuilds it on a
+    /// worker from these parts.
+    pub fn new(
         input: Arc<dyn ExecutionPlan>,
         keys: Vec<PhysicalSortExpr>,
         order: Vec<PhysicalSortExpr>,
@@ -194,6 +197,23 @@ impl TopOnePerKeyExec {
             schema,
             cache,
         }
+    }
+}
+
+impl TopOnePerKeyExec {
+    /// The partition keys, with the order the sort had for them.
+    pub fn keys(&self) -> &[PhysicalSortExpr] {
+        &self.keys
+    }
+
+    /// The window's order within a key.
+    pub fn order(&self) -> &[PhysicalSortExpr] {
+        &self.order
+    }
+
+    /// The input.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
     }
 }
 
