@@ -20,22 +20,17 @@ use serde::{Deserialize, Serialize};
 use weir_core::connector::secret;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::catalog::Session;
-use weir_core::datafusion::common::tree_node::TreeNodeRecursion;
 use weir_core::datafusion::common::{DataFusionError, Result as DfResult, project_schema};
 use weir_core::datafusion::datasource::{TableProvider, TableType};
 use weir_core::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use weir_core::datafusion::logical_expr::Expr;
-use weir_core::datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
-use weir_core::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use weir_core::datafusion::physical_plan::metrics::{
-    ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
-};
+use weir_core::datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use weir_core::datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use weir_core::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
 use weir_core::source::BadRecordMode;
-use weir_core::source::leaf::{ScanKind, WorkerScan};
+use weir_core::source::leaf::{ScanKind, WorkerScan, balance, leaf_properties};
 
 use crate::options::{KafkaOptions, ValueFormat};
 use crate::{PartitionOffsets, client, read};
@@ -152,24 +147,9 @@ impl KafkaScan {
     /// The same ranges in `tasks` shares of about equal records (largest first onto the
     /// lightest share; ties keep the order), each share in (topic, partition) order.
     pub fn split(&self, tasks: usize) -> KafkaScan {
-        let tasks = tasks.max(1);
-        let mut ranges: Vec<(usize, &KafkaRange)> = self.ranges().enumerate().collect();
-        ranges.sort_by_key(|(i, r)| (std::cmp::Reverse(r.records()), *i));
-        let mut shares: Vec<(u64, Vec<(usize, KafkaRange)>)> = vec![(0, Vec::new()); tasks];
-        for (i, r) in ranges {
-            if let Some(lightest) = shares.iter_mut().min_by_key(|s| s.0) {
-                lightest.0 += r.records().max(1);
-                lightest.1.push((i, r.clone()));
-            }
-        }
+        let ranges: Vec<KafkaRange> = self.ranges().cloned().collect();
         KafkaScan {
-            shares: shares
-                .into_iter()
-                .map(|(_, mut s)| {
-                    s.sort_by_key(|(i, _)| *i);
-                    s.into_iter().map(|(_, r)| r).collect()
-                })
-                .collect(),
+            shares: balance(&ranges, KafkaRange::records, tasks),
             ..self.clone()
         }
     }
@@ -236,12 +216,7 @@ impl KafkaRangeExec {
     pub fn try_new(scan: KafkaScan, decode_schema: SchemaRef) -> DfResult<Self> {
         let full = scan.output_schema(&decode_schema);
         let projected = project_schema(&full, scan.projection.as_ref())?;
-        let props = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(projected),
-            Partitioning::UnknownPartitioning(scan.partitions.max(1)),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let props = leaf_properties(projected, scan.partitions);
         Ok(KafkaRangeExec {
             scan,
             decode_schema,
@@ -314,41 +289,7 @@ impl DisplayAs for KafkaRangeExec {
 }
 
 impl ExecutionPlan for KafkaRangeExec {
-    fn name(&self) -> &str {
-        "KafkaRangeExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.props
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() {
-            Ok(self)
-        } else {
-            Err(DataFusionError::Internal(
-                "KafkaRangeExec has no inputs".into(),
-            ))
-        }
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    weir_core::leaf_plan_methods!("KafkaRangeExec");
 
     fn execute(
         &self,

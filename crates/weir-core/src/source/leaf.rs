@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Result as DfResult;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::{ExecutionPlan, PlanProperties};
 use datafusion::prelude::SessionContext;
 
 /// Marks a session whose plans run on a cluster: a source that reads on workers then hands
@@ -70,4 +72,90 @@ pub fn find_scan<'a>(
     node: &'a Arc<dyn ExecutionPlan>,
 ) -> Option<&'a dyn WorkerScan> {
     kinds.iter().find_map(|k| (k.find)(node))
+}
+
+/// `items` in `tasks` shares of about equal weight: largest first onto the lightest share
+/// (ties keep the order), each share in the order of `items`. Every item is in exactly one
+/// share; shares may be empty when there are more tasks than items.
+pub fn balance<T: Clone>(items: &[T], weight: impl Fn(&T) -> u64, tasks: usize) -> Vec<Vec<T>> {
+    let tasks = tasks.max(1);
+    let mut order: Vec<(usize, &T)> = items.iter().enumerate().collect();
+    order.sort_by_key(|(i, t)| (std::cmp::Reverse(weight(t)), *i));
+    let mut shares: Vec<(u64, Vec<(usize, T)>)> = vec![(0, Vec::new()); tasks];
+    for (i, t) in order {
+        if let Some(lightest) = shares.iter_mut().min_by_key(|s| s.0) {
+            lightest.0 += weight(t).max(1);
+            lightest.1.push((i, t.clone()));
+        }
+    }
+    shares
+        .into_iter()
+        .map(|(_, mut s)| {
+            s.sort_by_key(|(i, _)| *i);
+            s.into_iter().map(|(_, t)| t).collect()
+        })
+        .collect()
+}
+
+/// The properties of a leaf scan: `schema` on `partitions` streams, bounded.
+pub fn leaf_properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        Partitioning::UnknownPartitioning(partitions.max(1)),
+        EmissionType::Incremental,
+        Boundedness::Bounded,
+    ))
+}
+
+/// The `ExecutionPlan` methods every leaf scan has the same way (no inputs, no
+/// expressions, its `props` and `metrics` fields), inside its `impl ExecutionPlan`.
+#[macro_export]
+macro_rules! leaf_plan_methods {
+    ($name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn properties(&self) -> &std::sync::Arc<$crate::datafusion::physical_plan::PlanProperties> {
+            &self.props
+        }
+
+        fn children(
+            &self,
+        ) -> Vec<&std::sync::Arc<dyn $crate::datafusion::physical_plan::ExecutionPlan>> {
+            vec![]
+        }
+
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(
+                &std::sync::Arc<dyn $crate::datafusion::physical_expr::PhysicalExpr>,
+            ) -> $crate::datafusion::common::Result<
+                $crate::datafusion::common::tree_node::TreeNodeRecursion,
+            >,
+        ) -> $crate::datafusion::common::Result<
+            $crate::datafusion::common::tree_node::TreeNodeRecursion,
+        > {
+            Ok($crate::datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        }
+
+        fn with_new_children(
+            self: std::sync::Arc<Self>,
+            children: Vec<std::sync::Arc<dyn $crate::datafusion::physical_plan::ExecutionPlan>>,
+        ) -> $crate::datafusion::common::Result<
+            std::sync::Arc<dyn $crate::datafusion::physical_plan::ExecutionPlan>,
+        > {
+            if children.is_empty() {
+                Ok(self)
+            } else {
+                Err($crate::datafusion::common::DataFusionError::Internal(
+                    concat!($name, " has no inputs").into(),
+                ))
+            }
+        }
+
+        fn metrics(&self) -> Option<$crate::datafusion::physical_plan::metrics::MetricsSet> {
+            Some(self.metrics.clone_inner())
+        }
+    };
 }

@@ -17,14 +17,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result as DfResult, project_schema};
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::{StreamExt, TryStreamExt};
@@ -33,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use super::{FileEntry, FileFormat, read};
 use crate::error::Error;
 use crate::source::decode::{BadRecordMode, output_schema};
-use crate::source::leaf::{ScanKind, WorkerScan};
+use crate::source::leaf::{ScanKind, WorkerScan, balance, leaf_properties};
 use crate::storage::{Location, StorageOptions};
 
 /// What one scan of recorded files reads: plain data, sent to the workers with the plan.
@@ -66,24 +63,9 @@ impl FilesScan {
     /// The same files split into `tasks` shares of about equal bytes (largest first onto
     /// the lightest share; ties keep the order of the log), each share in log order.
     pub fn split(&self, tasks: usize) -> FilesScan {
-        let tasks = tasks.max(1);
-        let mut files: Vec<(usize, &FileEntry)> = self.files().enumerate().collect();
-        files.sort_by_key(|(i, e)| (std::cmp::Reverse(e.size.unwrap_or(0)), *i));
-        let mut shares: Vec<(u64, Vec<(usize, FileEntry)>)> = vec![(0, Vec::new()); tasks];
-        for (i, e) in files {
-            if let Some(lightest) = shares.iter_mut().min_by_key(|s| s.0) {
-                lightest.0 += e.size.unwrap_or(0).max(1);
-                lightest.1.push((i, e.clone()));
-            }
-        }
+        let files: Vec<FileEntry> = self.files().cloned().collect();
         FilesScan {
-            shares: shares
-                .into_iter()
-                .map(|(_, mut s)| {
-                    s.sort_by_key(|(i, _)| *i);
-                    s.into_iter().map(|(_, e)| e).collect()
-                })
-                .collect(),
+            shares: balance(&files, |e| e.size.unwrap_or(0), tasks),
             ..self.clone()
         }
     }
@@ -113,12 +95,7 @@ impl RecordedFilesExec {
     fn in_dir(scan: FilesScan, decode_schema: SchemaRef, dir: Location) -> DfResult<Self> {
         let full = output_schema(&decode_schema, scan.mode);
         let projected = project_schema(&full, scan.projection.as_ref())?;
-        let props = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(projected),
-            Partitioning::UnknownPartitioning(scan.partitions.max(1)),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let props = leaf_properties(projected, scan.partitions);
         Ok(RecordedFilesExec {
             scan,
             decode_schema,
@@ -217,41 +194,7 @@ impl DisplayAs for RecordedFilesExec {
 }
 
 impl ExecutionPlan for RecordedFilesExec {
-    fn name(&self) -> &str {
-        "RecordedFilesExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.props
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() {
-            Ok(self)
-        } else {
-            Err(DataFusionError::Internal(
-                "RecordedFilesExec has no inputs".into(),
-            ))
-        }
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::leaf_plan_methods!("RecordedFilesExec");
 
     fn execute(
         &self,
