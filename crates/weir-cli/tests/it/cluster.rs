@@ -80,6 +80,53 @@ impl Drop for Worker {
     }
 }
 
+/// A worker to SIGKILL mid-run: `workers[index]`, once `after` batches have landed, started
+/// again on its address by `restart`.
+struct WorkerKill<'a> {
+    workers: &'a mut [Worker],
+    index: usize,
+    after: usize,
+    restart: &'a dyn Fn(&str) -> Worker,
+}
+
+/// Runs the driver on `p` to the end with progress in `progress`, killing a worker on the
+/// way if told. Returns the driver's stderr, after checking it succeeded.
+fn run_killing_a_worker(
+    p: &Path,
+    progress: &Path,
+    env: &[(&str, &str)],
+    kill: Option<WorkerKill<'_>>,
+) -> String {
+    let mut cmd = Command::new(bin());
+    cmd.args([
+        "run",
+        p.to_str().unwrap(),
+        "--progress",
+        progress.to_str().unwrap(),
+    ])
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let driver = cmd.spawn().unwrap();
+    if let Some(k) = kill {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while progress_batches(progress).len() < k.after && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let addr = k.workers[k.index].addr();
+        k.workers[k.index].kill();
+        std::thread::sleep(Duration::from_millis(200));
+        k.workers[k.index] = (k.restart)(&addr);
+    }
+    let out = driver.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
 fn cluster_pipeline(
     dir: &Path,
     workers: &[&Worker],
@@ -257,31 +304,19 @@ async fn a_worker_killed_and_restarted_mid_run_loses_and_repeats_no_row() {
         3,
     );
     let progress = dir.path().join("progress.jsonl");
-    let driver = Command::new(bin())
-        .args([
-            "run",
-            p.to_str().unwrap(),
-            "--progress",
-            progress.to_str().unwrap(),
-        ])
-        .env("WEIR_TEST_CLUSTER_TOKEN", "s3cret")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // Kill worker 1 once a batch or two have landed, then start it again on its port.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while progress_batches(&progress).len() < 2 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let addr = ws[1].addr();
-    ws[1].kill();
-    std::thread::sleep(Duration::from_millis(300));
-    ws[1] = Worker::start(&addr, Some("s3cret"));
-    let out = driver.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let stderr = run_killing_a_worker(
+        &p,
+        &progress,
+        &[("WEIR_TEST_CLUSTER_TOKEN", "s3cret")],
+        Some(WorkerKill {
+            workers: &mut ws,
+            index: 1,
+            after: 2,
+            restart: &|a| Worker::start(a, Some("s3cret")),
+        }),
+    );
 
     let batches = progress_batches(&progress);
     assert_eq!(batches, (0..20).collect::<Vec<u64>>(), "{stderr}");
@@ -510,29 +545,17 @@ async fn a_worker_killed_mid_run_on_kafka_loses_and_repeats_no_record() {
         "max-batch-attempts = 4",
     );
     let progress = dir.path().join("progress.jsonl");
-    let driver = Command::new(bin())
-        .args([
-            "run",
-            p.to_str().unwrap(),
-            "--progress",
-            progress.to_str().unwrap(),
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while progress_batches(&progress).len() < 2 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let addr = ws[2].addr();
-    ws[2].kill();
-    std::thread::sleep(Duration::from_millis(200));
-    ws[2] = Worker::start(&addr, None);
-    let out = driver.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let stderr = run_killing_a_worker(
+        &p,
+        &progress,
+        &[],
+        Some(WorkerKill {
+            workers: &mut ws,
+            index: 2,
+            after: 2,
+            restart: &|a| Worker::start(a, None),
+        }),
+    );
     assert_eq!(
         progress_batches(&progress),
         (0..15).collect::<Vec<u64>>(),
@@ -664,31 +687,15 @@ async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill()
         }
         std::fs::write(&p, text).unwrap();
         let progress = dir.path().join("progress.jsonl");
-        let driver = Command::new(bin())
-            .args([
-                "run",
-                p.to_str().unwrap(),
-                "--progress",
-                progress.to_str().unwrap(),
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        if cluster {
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while progress_batches(&progress).len() < 3 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let addr = ws[0].addr();
-            ws[0].kill();
-            std::thread::sleep(Duration::from_millis(200));
-            ws[0] = Worker::start_in(Some(&net.names[0]), &addr, Some("n3t"));
-        }
-        let out = driver.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{stderr}");
+        let first_ns = net.names[0].clone();
+        let restart = move |a: &str| Worker::start_in(Some(&first_ns), a, Some("n3t"));
+        let kill = cluster.then_some(WorkerKill {
+            workers: ws.as_mut_slice(),
+            index: 0,
+            after: 3,
+            restart: &restart,
+        });
+        let stderr = run_killing_a_worker(&p, &progress, &[], kill);
         assert_eq!(
             progress_batches(&progress),
             (0..15).collect::<Vec<u64>>(),
