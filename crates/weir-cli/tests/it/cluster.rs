@@ -155,6 +155,54 @@ connect-timeout = "2s"
     )
 }
 
+/// `cluster_pipeline` with `sql` as its transform, and without its `[cluster]` table when
+/// `cluster` is false (the same pipeline in one process).
+fn sql_pipeline(
+    dir: &Path,
+    workers: &[&Worker],
+    extra: &str,
+    max_files: usize,
+    sql: &str,
+    cluster: bool,
+) -> std::path::PathBuf {
+    let p = cluster_pipeline(dir, workers, extra, max_files);
+    let mut text = std::fs::read_to_string(&p).unwrap().replace(
+        "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
+        sql,
+    );
+    if !cluster {
+        text = text[..text.find("[cluster]").unwrap()].to_string();
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `sql` over 9 files of 500 orders (`keys` ids), 3 files a batch, on `workers` and in one
+/// process: the Parquet rows (`cols`) of each, after checking both ran 3 batches.
+async fn on_workers_and_alone(
+    workers: &[&Worker],
+    extra: &str,
+    sql: &str,
+    keys: u64,
+    cols: &[&str],
+) -> [Vec<String>; 2] {
+    let mut outputs = Vec::new();
+    for cluster in [true, false] {
+        let dir = temp_dir();
+        gen_orders(&dir.path().join("in"), 9, 500, keys);
+        let p = sql_pipeline(dir.path(), workers, extra, 3, sql, cluster);
+        let progress = dir.path().join("progress.jsonl");
+        let last = run_to_end(&p, &progress);
+        assert_eq!(progress_batches(&progress), vec![0, 1, 2]);
+        assert_eq!(last["numInputRows"], 1500, "{last}");
+        assert_eq!(last["cluster"].is_null(), !cluster, "{last}");
+        let got = parquet_rows(&dir.path().join("out"), cols).await;
+        assert!(!got.is_empty());
+        outputs.push(got);
+    }
+    [outputs.remove(0), outputs.remove(0)]
+}
+
 const COLS: [&str; 4] = ["order_id", "status", "amount", "updated_at"];
 
 #[tokio::test]
@@ -216,31 +264,16 @@ async fn a_grouping_shuffled_between_token_workers_equals_a_single_process_run()
     ];
     let sql = "SELECT status, count(*) AS n, sum(order_id) AS s, min(updated_at) AS first \
                FROM batch GROUP BY status";
-    let mut outputs = Vec::new();
-    for cluster in [true, false] {
-        let dir = temp_dir();
-        let input = dir.path().join("in");
-        gen_orders(&input, 9, 500, 100);
-        let p = cluster_pipeline(dir.path(), &[&ws[0], &ws[1], &ws[2]], "token = \"t0k\"", 3);
-        let mut text = std::fs::read_to_string(&p).unwrap().replace(
-            "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
-            sql,
-        );
-        if !cluster {
-            text = text[..text.find("[cluster]").unwrap()].to_string();
-        }
-        std::fs::write(&p, text).unwrap();
-        let progress = dir.path().join("progress.jsonl");
-        let last = run_to_end(&p, &progress);
-        assert_eq!(progress_batches(&progress), vec![0, 1, 2]);
-        assert_eq!(last["numInputRows"], 1500, "{last}");
-        assert_eq!(last["cluster"].is_null(), !cluster, "{last}");
-        let got = parquet_rows(&dir.path().join("out"), &["status", "n", "s", "first"]).await;
-        assert!(!got.is_empty());
-        outputs.push(got);
-    }
+    let [cluster, alone] = on_workers_and_alone(
+        &[&ws[0], &ws[1], &ws[2]],
+        "token = \"t0k\"",
+        sql,
+        100,
+        &["status", "n", "s", "first"],
+    )
+    .await;
     assert_eq!(
-        outputs[0], outputs[1],
+        cluster, alone,
         "the cluster's groups are the single process's"
     );
 }
@@ -258,31 +291,12 @@ async fn the_newest_row_per_key_on_workers_equals_a_single_process_run() {
     let sql = "SELECT order_id, status, amount, updated_at FROM (SELECT *, row_number() OVER \
                (PARTITION BY order_id ORDER BY updated_at DESC, status DESC, amount DESC) \
                AS rn FROM batch) WHERE rn = 1";
-    let mut outputs = Vec::new();
-    for cluster in [true, false] {
-        let dir = temp_dir();
-        let input = dir.path().join("in");
-        gen_orders(&input, 9, 500, 120);
-        let p = cluster_pipeline(dir.path(), &[&ws[0], &ws[1], &ws[2]], "", 3);
-        let mut text = std::fs::read_to_string(&p).unwrap().replace(
-            "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
-            sql,
-        );
-        if !cluster {
-            text = text[..text.find("[cluster]").unwrap()].to_string();
-        }
-        std::fs::write(&p, text).unwrap();
-        let progress = dir.path().join("progress.jsonl");
-        let last = run_to_end(&p, &progress);
-        assert_eq!(progress_batches(&progress), vec![0, 1, 2]);
-        assert_eq!(last["cluster"].is_null(), !cluster, "{last}");
-        let got = parquet_rows(&dir.path().join("out"), &COLS).await;
-        // At most one row per order and batch: 120 orders.
-        assert!(!got.is_empty() && got.len() <= 3 * 120, "{}", got.len());
-        outputs.push(got);
-    }
+    let [cluster, alone] =
+        on_workers_and_alone(&[&ws[0], &ws[1], &ws[2]], "", sql, 120, &COLS).await;
+    // At most one row per order and batch: 120 orders.
+    assert!(cluster.len() <= 3 * 120, "{}", cluster.len());
     assert_eq!(
-        outputs[0], outputs[1],
+        cluster, alone,
         "the cluster's newest rows are the single process's"
     );
 }
@@ -672,20 +686,8 @@ async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill()
         let input = dir.path().join("in");
         gen_orders(&input, 45, 400, 100);
         let refs: Vec<&Worker> = ws.iter().collect();
-        let p = cluster_pipeline(
-            dir.path(),
-            &refs,
-            "token = \"n3t\"\nmax-batch-attempts = 4",
-            3,
-        );
-        let mut text = std::fs::read_to_string(&p).unwrap().replace(
-            "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
-            sql,
-        );
-        if !cluster {
-            text = text[..text.find("[cluster]").unwrap()].to_string();
-        }
-        std::fs::write(&p, text).unwrap();
+        let extra = "token = \"n3t\"\nmax-batch-attempts = 4";
+        let p = sql_pipeline(dir.path(), &refs, extra, 3, sql, cluster);
         let progress = dir.path().join("progress.jsonl");
         let first_ns = net.names[0].clone();
         let restart = move |a: &str| Worker::start_in(Some(&first_ns), a, Some("n3t"));
