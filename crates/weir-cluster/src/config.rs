@@ -6,6 +6,7 @@
 //! token = "env:WEIR_CLUSTER_TOKEN"    # checked by every worker on every request
 //! max-batch-attempts = 3              # a batch's plan, run again on the workers left
 //! connect-timeout = "5s"
+//! liveness-timeout = "20s"           # a worker silent this long fails the batch's attempt
 //! ```
 
 use std::time::Duration;
@@ -14,6 +15,9 @@ use serde::{Deserialize, Serialize};
 use url::Url;
 
 use crate::{Error, Result};
+
+/// How long a peer may leave keep-alive pings unanswered, by default.
+pub const DEFAULT_LIVENESS: Duration = Duration::from_secs(20);
 
 /// The `[cluster]` table.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,6 +37,11 @@ pub struct ClusterConfig {
     /// How long connecting to a worker may take (default 5 s), e.g. "500ms", "5s".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout: Option<String>,
+    /// How long a worker may leave the driver's keep-alive pings unanswered before its
+    /// connection is dropped and the batch's attempt fails (default 20 s): a worker that
+    /// freezes or is cut off without a reset is noticed within this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_timeout: Option<String>,
 }
 
 impl ClusterConfig {
@@ -62,7 +71,13 @@ impl ClusterConfig {
                 }
                 Ok(url)
             })
-            .collect()
+            .collect::<Result<Vec<Url>>>()
+            .map(|mut urls| {
+                // The same worker listed twice is one worker.
+                let mut seen = std::collections::HashSet::new();
+                urls.retain(|u| seen.insert(u.clone()));
+                urls
+            })
     }
 
     /// The token, read from the environment for `env:NAME`.
@@ -94,12 +109,30 @@ impl ClusterConfig {
         }
     }
 
+    /// The liveness timeout, at least 1 s.
+    pub fn liveness_timeout(&self) -> Result<Duration> {
+        match &self.liveness_timeout {
+            None => Ok(DEFAULT_LIVENESS),
+            Some(t) => {
+                let d = weir_core::engine::parse_duration("cluster.liveness-timeout", t)?;
+                if d < Duration::from_secs(1) {
+                    return Err(config(
+                        "liveness-timeout",
+                        format!("'{t}' is too short: give at least 1s"),
+                    ));
+                }
+                Ok(d)
+            }
+        }
+    }
+
     /// Every setting checked, without connecting.
     pub fn check(&self) -> Result<()> {
         self.urls()?;
         self.token()?;
         self.max_batch_attempts()?;
         self.connect_timeout()?;
+        self.liveness_timeout()?;
         Ok(())
     }
 }
@@ -117,6 +150,7 @@ mod tests {
 
     fn cfg(workers: &[&str]) -> ClusterConfig {
         ClusterConfig {
+            liveness_timeout: None,
             workers: workers.iter().map(|w| w.to_string()).collect(),
             token: None,
             max_batch_attempts: None,
@@ -142,6 +176,17 @@ mod tests {
     #[test]
     fn settings_have_defaults_and_limits() {
         let mut c = cfg(&["http://w:7400"]);
+        assert_eq!(c.liveness_timeout().unwrap(), DEFAULT_LIVENESS);
+        c.liveness_timeout = Some("200ms".into());
+        let e = c.check().unwrap_err().to_string();
+        assert!(
+            e.contains("cluster.liveness-timeout") && e.contains("at least 1s"),
+            "{e}"
+        );
+        c.liveness_timeout = None;
+        // The same worker twice (a trailing slash is the same URL) is one worker.
+        let twice = cfg(&["http://w:7400", "http://w:7400/", "http://v:7400"]);
+        assert_eq!(twice.urls().unwrap().len(), 2);
         assert_eq!(c.max_batch_attempts().unwrap(), 3);
         assert_eq!(c.connect_timeout().unwrap(), Duration::from_secs(5));
         c.max_batch_attempts = Some(0);

@@ -66,7 +66,11 @@ impl WeirCluster {
         Ok(WeirCluster {
             configured,
             attempts: config.max_batch_attempts()?,
-            channels: Channels::new(config.connect_timeout()?, config.token()?.as_deref())?,
+            channels: Channels::new(
+                config.connect_timeout()?,
+                config.liveness_timeout()?,
+                config.token()?.as_deref(),
+            )?,
             live: Arc::new(RwLock::new(Vec::new())),
             scan_routes: Arc::new(Mutex::new(Vec::new())),
             kinds,
@@ -314,12 +318,19 @@ impl WorkerResolver for LiveWorkers {
 pub(crate) struct Channels {
     cache: Arc<Mutex<HashMap<Url, BoxCloneSyncChannel>>>,
     timeout: Duration,
+    /// HTTP/2 keep-alive: a peer that leaves pings unanswered this long (frozen, or cut off
+    /// without a reset) has its connection dropped, which fails the streams on it.
+    liveness: Duration,
     headers: HeaderMap,
 }
 
 impl Channels {
     /// Channels whose requests carry this weir's version and `token`.
-    pub(crate) fn new(timeout: Duration, token: Option<&str>) -> Result<Channels> {
+    pub(crate) fn new(
+        timeout: Duration,
+        liveness: Duration,
+        token: Option<&str>,
+    ) -> Result<Channels> {
         let mut headers = HeaderMap::new();
         headers.insert(
             HeaderName::from_static(VERSION_HEADER),
@@ -335,6 +346,7 @@ impl Channels {
         Ok(Channels {
             cache: Arc::new(Mutex::new(HashMap::new())),
             timeout,
+            liveness,
             headers,
         })
     }
@@ -346,7 +358,10 @@ impl Channels {
         let endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|e| DataFusionError::Configuration(format!("worker URL {url}: {e}")))?
             .connect_timeout(self.timeout)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(self.liveness / 2)
+            .keep_alive_timeout(self.liveness / 2)
+            .keep_alive_while_idle(true);
         let channel = endpoint.connect().await.map_err(|e| {
             DataFusionError::Execution(format!("connecting to worker {url}: {}", error_chain(&e)))
         })?;

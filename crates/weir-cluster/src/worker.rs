@@ -116,7 +116,11 @@ pub async fn serve(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
-    let channels = Channels::new(PEER_CONNECT_TIMEOUT, token.as_deref())?;
+    let channels = Channels::new(
+        PEER_CONNECT_TIMEOUT,
+        crate::config::DEFAULT_LIVENESS,
+        token.as_deref(),
+    )?;
     let session = WeirWorkerSession {
         channels,
         codec: WeirCodec::new(kinds),

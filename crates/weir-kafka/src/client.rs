@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::PartitionOffsets;
@@ -36,6 +37,30 @@ pub(crate) fn with_client<C, T>(
     Ok(out)
 }
 
+/// librdkafka's refusal of a setting echoes its value, which may be a secret
+/// (`sasl.password`, an `env:` value): the error names the setting and why, not the value.
+fn unshown(action: String, source: KafkaError) -> KafkaSourceError {
+    match source {
+        KafkaError::ClientConfig(_, desc, key, value) => {
+            let desc = if value.is_empty() {
+                desc
+            } else {
+                desc.replace(&value, "***")
+            };
+            KafkaSourceError::Invalid {
+                what: format!("setting kafka.{key} ({action})"),
+                reason: format!(
+                    "librdkafka refused its value (not shown: it may be a secret): {desc}"
+                ),
+            }
+        }
+        other => KafkaSourceError::Kafka {
+            action,
+            source: other,
+        },
+    }
+}
+
 /// A consumer that only ever reads assigned partitions at explicit offsets.
 pub(crate) fn consumer(o: &KafkaOptions) -> Result<BaseConsumer, KafkaSourceError> {
     let mut cfg = ClientConfig::new();
@@ -56,10 +81,8 @@ pub(crate) fn consumer(o: &KafkaOptions) -> Result<BaseConsumer, KafkaSourceErro
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false")
         .set("auto.offset.reset", "error");
-    cfg.create().map_err(|source| KafkaSourceError::Kafka {
-        action: format!("connecting to {}", o.bootstrap_servers),
-        source,
-    })
+    cfg.create()
+        .map_err(|source| unshown(format!("connecting to {}", o.bootstrap_servers), source))
 }
 
 /// A client of consumer group `group` that only commits offsets (it never subscribes, so
@@ -75,9 +98,11 @@ pub(crate) fn group_committer(
     cfg.set("bootstrap.servers", &o.bootstrap_servers)
         .set("group.id", group)
         .set("enable.auto.commit", "false");
-    cfg.create().map_err(|source| KafkaSourceError::Kafka {
-        action: format!("connecting to {} for group {group}", o.bootstrap_servers),
-        source,
+    cfg.create().map_err(|source| {
+        unshown(
+            format!("connecting to {} for group {group}", o.bootstrap_servers),
+            source,
+        )
     })
 }
 
@@ -180,4 +205,19 @@ pub(crate) fn watermarks(
             action: format!("fetching the offsets of topic {topic} partition {p}"),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_setting_is_named_without_its_value() {
+        let mut o = KafkaOptions::new("127.0.0.1:1", ["t"]);
+        o.kafka
+            .insert("fetch.min.bytes".into(), "notnum-SecretABC".into());
+        let e = consumer(&o).err().unwrap().to_string();
+        assert!(e.contains("kafka.fetch.min.bytes"), "{e}");
+        assert!(!e.contains("SecretABC"), "{e}");
+    }
 }

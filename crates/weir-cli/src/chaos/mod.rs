@@ -328,6 +328,7 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
             // A killed worker fails the attempt; the next one runs on the workers left.
             max_batch_attempts: Some(5),
             connect_timeout: Some("1s".into()),
+            liveness_timeout: Some("5s".into()),
         });
         cluster = Some(w);
     } else if pipeline.cluster.is_some() {

@@ -428,11 +428,19 @@ async fn workers_that_cannot_take_the_plan_are_refused_before_batch_0_naming_the
         "[transform]\ndrop-duplicates = [\"order_id\"]\n",
     );
     std::fs::write(&p, text).unwrap();
-    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(stderr.contains("transform.drop-duplicates"), "{stderr}");
-    assert!(stderr.contains("do not run on a cluster yet"), "{stderr}");
+    for command in ["check", "run"] {
+        let out = run_weir(&bin(), &[command, p.to_str().unwrap()], None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command}");
+        assert!(
+            stderr.contains("transform.drop-duplicates"),
+            "{command}: {stderr}"
+        );
+        assert!(
+            stderr.contains("do not run on a cluster yet"),
+            "{command}: {stderr}"
+        );
+    }
 
     // A source whose reads cannot go to workers yet is refused by `weir check`, naming it.
     let p = dir.path().join("rate.toml");
@@ -726,5 +734,68 @@ async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill()
     assert_eq!(
         outputs[0], outputs[1],
         "the cluster's groups are the single process's"
+    );
+}
+
+/// A worker that freezes mid-run (SIGSTOP: its connections stay open, nothing answers) is
+/// noticed by the keep-alive within `liveness-timeout`: the attempt fails and runs again on
+/// the others, and every row lands once.
+#[tokio::test]
+async fn a_frozen_worker_fails_the_attempt_within_the_liveness_timeout() {
+    let ws = [
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+        Worker::start("127.0.0.1:0", None),
+    ];
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 30, 2000, 500);
+    let p = cluster_pipeline(
+        dir.path(),
+        &[&ws[0], &ws[1], &ws[2]],
+        "liveness-timeout = \"2s\"\nmax-batch-attempts = 4",
+        3,
+    );
+    let progress = dir.path().join("progress.jsonl");
+    let driver = Command::new(bin())
+        .args([
+            "run",
+            p.to_str().unwrap(),
+            "--progress",
+            progress.to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while progress_batches(&progress).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let frozen = ws[0].child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &frozen])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let began = Instant::now();
+    let out = driver.wait_with_output().unwrap();
+    let _ = Command::new("kill").args(["-CONT", &frozen]).status();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(began.elapsed() < Duration::from_secs(90), "{stderr}");
+    assert_eq!(
+        progress_batches(&progress),
+        (0..10).collect::<Vec<u64>>(),
+        "{stderr}"
+    );
+    let got = parquet_rows(&dir.path().join("out"), &COLS).await;
+    assert_eq!(
+        got,
+        input_rows(&input).await,
+        "every input row exactly once"
     );
 }

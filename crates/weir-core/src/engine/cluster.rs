@@ -112,6 +112,10 @@ pub(crate) async fn run_on_cluster(
                      running it again with the same range: {}",
                     crate::error::error_chain(&e)
                 );
+                // A pause that grows with each attempt, so a worker being restarted (a
+                // rolling update) has a moment to come back.
+                tokio::time::sleep(std::time::Duration::from_millis(500 * u64::from(attempt)))
+                    .await;
                 attempt += 1;
             }
             Err(Error::Cluster { reason }) => {
