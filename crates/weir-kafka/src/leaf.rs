@@ -15,15 +15,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use weir_core::connector::secret;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
-use weir_core::datafusion::catalog::Session;
 use weir_core::datafusion::common::{DataFusionError, Result as DfResult, project_schema};
-use weir_core::datafusion::datasource::{TableProvider, TableType};
 use weir_core::datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use weir_core::datafusion::logical_expr::Expr;
 use weir_core::datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use weir_core::datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
 use weir_core::datafusion::physical_plan::{
@@ -252,6 +248,17 @@ impl WorkerScan for KafkaRangeExec {
             .max(1)
     }
 
+    fn with_projection(&self, projection: Option<Vec<usize>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let scan = KafkaScan {
+            projection,
+            ..self.scan.clone()
+        };
+        Ok(Arc::new(KafkaRangeExec::try_new(
+            scan,
+            self.decode_schema.clone(),
+        )?))
+    }
+
     fn per_task(&self, tasks: usize) -> DfResult<Vec<Arc<dyn ExecutionPlan>>> {
         self.scan
             .split(tasks)
@@ -354,51 +361,6 @@ impl ExecutionPlan for KafkaRangeExec {
             Ok(())
         });
         Ok(builder.build())
-    }
-}
-
-/// A table whose scan is a [`KafkaRangeExec`] (how the source hands the scan to
-/// DataFusion's planner).
-#[derive(Debug)]
-pub(crate) struct KafkaRangesTable {
-    scan: KafkaScan,
-    decode_schema: SchemaRef,
-}
-
-impl KafkaRangesTable {
-    pub(crate) fn new(scan: KafkaScan, decode_schema: SchemaRef) -> Self {
-        KafkaRangesTable {
-            scan,
-            decode_schema,
-        }
-    }
-}
-
-#[async_trait]
-impl TableProvider for KafkaRangesTable {
-    fn schema(&self) -> SchemaRef {
-        self.scan.output_schema(&self.decode_schema)
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-
-    async fn scan(
-        &self,
-        _state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let scan = KafkaScan {
-            projection: projection.cloned(),
-            ..self.scan.clone()
-        };
-        Ok(Arc::new(KafkaRangeExec::try_new(
-            scan,
-            self.decode_schema.clone(),
-        )?))
     }
 }
 

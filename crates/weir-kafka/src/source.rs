@@ -10,14 +10,14 @@ use rdkafka::consumer::BaseConsumer;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
 use weir_core::logfile::{parse_line, parse_versioned, render};
-use weir_core::source::leaf::scans_on_cluster;
+use weir_core::source::leaf::{ScanTable, scans_on_cluster};
 use weir_core::source::{SourceInit, decode};
 use weir_core::storage::{Location, WriteOutcome};
 use weir_core::{Error, ReadLimit, Result, Source, SourceOffset};
 
 use crate::client::{self, consumer, partitions, watermarks, with_client};
 use crate::error::KafkaSourceError;
-use crate::leaf::{KafkaRangesTable, KafkaScan};
+use crate::leaf::{KafkaRangeExec, KafkaScan};
 use crate::offsets::{self, check_loss, split_limit, wait_for_more};
 use crate::options::{KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
 use crate::{PartitionOffsets, read};
@@ -367,13 +367,16 @@ impl Source for KafkaSource {
                 ValueFormat::Raw => self.schema.clone(),
                 ValueFormat::Json { schema, .. } => schema.clone(),
             };
-            let table = KafkaRangesTable::new(scan, decode_schema);
-            return ctx.read_table(Arc::new(table)).map_err(|e| {
+            let planning = |e| {
                 Error::datafusion(
                     format!("{}: planning the batch's read", self.description()),
                     e,
                 )
-            });
+            };
+            let exec = KafkaRangeExec::try_new(scan, decode_schema).map_err(planning)?;
+            return ctx
+                .read_table(Arc::new(ScanTable::new(Arc::new(exec))))
+                .map_err(planning);
         }
         let batches = self
             .with_reader(move |c, o| read::read(c, o, &begin, &end))

@@ -14,8 +14,12 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::Session;
 use datafusion::common::Result as DfResult;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::{ExecutionPlan, PlanProperties};
@@ -52,6 +56,43 @@ pub trait WorkerScan: ExecutionPlan {
     /// One scan per task, each of its share of the input; every row of the range is in
     /// exactly one of them.
     fn per_task(&self, tasks: usize) -> DfResult<Vec<Arc<dyn ExecutionPlan>>>;
+
+    /// The same scan reading only the columns `projection` names (indices into this
+    /// scan's schema; `None`: all).
+    fn with_projection(&self, projection: Option<Vec<usize>>) -> DfResult<Arc<dyn ExecutionPlan>>;
+}
+
+/// A table whose scan is a [`WorkerScan`] reading all its columns: how a source hands its
+/// scan of a range to DataFusion's planner, which asks it for the columns it needs.
+#[derive(Debug)]
+pub struct ScanTable(Arc<dyn WorkerScan>);
+
+impl ScanTable {
+    /// The table of `scan` (built without a projection).
+    pub fn new(scan: Arc<dyn WorkerScan>) -> Self {
+        ScanTable(scan)
+    }
+}
+
+#[async_trait]
+impl TableProvider for ScanTable {
+    fn schema(&self) -> SchemaRef {
+        self.0.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.0.with_projection(projection.cloned())
+    }
 }
 
 /// One kind of [`WorkerScan`]: its name on the wire, how to find it in a plan and how to

@@ -14,13 +14,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::Session;
 use datafusion::common::{DataFusionError, Result as DfResult, project_schema};
-use datafusion::datasource::{TableProvider, TableType};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
@@ -92,7 +88,11 @@ impl RecordedFilesExec {
     }
 
     /// The scan `scan` of the folder `dir` (the one `scan.dir` names, already opened).
-    fn in_dir(scan: FilesScan, decode_schema: SchemaRef, dir: Location) -> DfResult<Self> {
+    pub(super) fn in_dir(
+        scan: FilesScan,
+        decode_schema: SchemaRef,
+        dir: Location,
+    ) -> DfResult<Self> {
         let full = output_schema(&decode_schema, scan.mode);
         let projected = project_schema(&full, scan.projection.as_ref())?;
         let props = leaf_properties(projected, scan.partitions);
@@ -162,6 +162,18 @@ impl WorkerScan for RecordedFilesExec {
     /// One task per file.
     fn tasks_wanted(&self) -> usize {
         self.scan.files().count().max(1)
+    }
+
+    fn with_projection(&self, projection: Option<Vec<usize>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let scan = FilesScan {
+            projection,
+            ..self.scan.clone()
+        };
+        Ok(Arc::new(Self::in_dir(
+            scan,
+            self.decode_schema.clone(),
+            self.dir.clone(),
+        )?))
     }
 
     fn per_task(&self, tasks: usize) -> DfResult<Vec<Arc<dyn ExecutionPlan>>> {
@@ -238,55 +250,6 @@ impl ExecutionPlan for RecordedFilesExec {
                 futures::future::ready(projected)
             });
         Ok(Box::pin(RecordBatchStreamAdapter::new(out, stream)))
-    }
-}
-
-/// A table whose scan is a [`RecordedFilesExec`] (how the file source hands the scan to
-/// DataFusion's planner).
-#[derive(Debug)]
-pub(crate) struct RecordedFilesTable {
-    scan: FilesScan,
-    decode_schema: SchemaRef,
-    /// The folder `scan.dir` names, opened once by the source.
-    dir: Location,
-}
-
-impl RecordedFilesTable {
-    pub(crate) fn new(scan: FilesScan, decode_schema: SchemaRef, dir: Location) -> Self {
-        RecordedFilesTable {
-            scan,
-            decode_schema,
-            dir,
-        }
-    }
-}
-
-#[async_trait]
-impl TableProvider for RecordedFilesTable {
-    fn schema(&self) -> SchemaRef {
-        output_schema(&self.decode_schema, self.scan.mode)
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Base
-    }
-
-    async fn scan(
-        &self,
-        _state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let scan = FilesScan {
-            projection: projection.cloned(),
-            ..self.scan.clone()
-        };
-        Ok(Arc::new(RecordedFilesExec::in_dir(
-            scan,
-            self.decode_schema.clone(),
-            self.dir.clone(),
-        )?))
     }
 }
 

@@ -531,7 +531,14 @@ impl Source for FileSource {
                 partitions: crate::cores().max(2),
                 projection: None,
             };
-            let table = leaf::RecordedFilesTable::new(scan, base, dir);
+            let planning = |e| {
+                Error::datafusion(
+                    format!("{}: planning logOffset {from}..={to}", self.description()),
+                    e,
+                )
+            };
+            let exec = RecordedFilesExec::in_dir(scan, base, dir).map_err(planning)?;
+            let table = super::leaf::ScanTable::new(std::sync::Arc::new(exec));
             return ctx.read_table(std::sync::Arc::new(table)).map_err(|e| {
                 Error::datafusion(
                     format!("{}: planning logOffset {from}..={to}", self.description()),
