@@ -233,23 +233,7 @@ impl Pipeline {
         if let Some(c) = &self.cluster {
             c.check()?;
             if let Some(t) = &self.transform {
-                let steps = [
-                    ("drop-duplicates", t.drop_duplicates.is_some()),
-                    (
-                        "drop-duplicates-within-watermark",
-                        t.drop_duplicates_within_watermark.is_some(),
-                    ),
-                    ("aggregate", t.aggregate.is_some()),
-                    ("with-watermark", t.with_watermark.is_some()),
-                ];
-                if let Some((step, _)) = steps.iter().find(|(_, set)| *set) {
-                    anyhow::bail!(
-                        "invalid setting 'transform.{step}': stateful steps do not run on a \
-                         cluster yet (their state is not partitioned over workers); remove \
-                         [cluster] to run this pipeline in one process, or move the step into \
-                         the function"
-                    );
-                }
+                weir_core::engine::check_steps_on_cluster(&t.steps()?)?;
             }
             if !self.source.spec().reads_on_workers() {
                 anyhow::bail!(

@@ -64,21 +64,14 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
     let spec: QuerySpec =
         serde_json::from_str(spec).map_err(|e| bad(format!("the query's settings: {e}")))?;
     let source = spec.source;
-    let cluster = match &spec.cluster {
-        None => None,
-        Some(c) => {
-            if !source.spec().reads_on_workers() {
-                return Err(bad(format!(
-                    "cluster: the {} source does not run on a cluster yet (only the files and \
-                     Kafka sources' reads are sent to workers)",
-                    source.kind()
-                )));
-            }
-            let cluster =
-                WeirCluster::new(c, weir::config::SCANS).map_err(|e| bad(e.to_string()))?;
-            Some(Arc::new(cluster))
-        }
-    };
+    // A source that cannot read on workers, or a stateful step, is refused when the query
+    // starts, as in a pipeline.
+    let cluster = spec
+        .cluster
+        .as_ref()
+        .map(|c| WeirCluster::new(c, weir::config::SCANS).map(Arc::new))
+        .transpose()
+        .map_err(|e| bad(e.to_string()))?;
     let env = BuildEnv {
         base: spec.base,
         storage: StorageOptions::new(spec.storage).map_err(|e| engine_error(py, &e))?,

@@ -68,7 +68,7 @@ pub trait Cluster: Send + Sync {
 
 /// The steps a cluster cannot run yet, refused before anything runs: state kept between
 /// batches is not partitioned over workers.
-pub(crate) fn check_steps_on_cluster(transforms: &[Transform]) -> Result<()> {
+pub fn check_steps_on_cluster(transforms: &[Transform]) -> Result<()> {
     for t in transforms {
         let step = match t {
             Transform::DropDuplicates(_) => "drop-duplicates",

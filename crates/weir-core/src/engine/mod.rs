@@ -15,7 +15,7 @@ pub mod top_one;
 mod transform;
 pub mod trigger;
 
-pub use cluster::{Cluster, ClusterRun, WorkerTasks};
+pub use cluster::{Cluster, ClusterRun, WorkerTasks, check_steps_on_cluster};
 pub use progress::{
     BehindDetector, ClusterProgress, DURATION_PHASES, FallingBehind, Phase, QueryIdle,
     QueryListener, QueryStarted, QueryTerminated, SinkProgress, SourceProgress,
