@@ -22,6 +22,27 @@ fn chaos(args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
+/// `weir chaos` on the worked example (Kafka, PostgreSQL), 6 kills, batches of 200 records
+/// over 300 keys, in `work`, with `extra` arguments.
+fn worked_example_chaos(work: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "--kills",
+        "6",
+        "--batch-rows",
+        "200",
+        "--keys",
+        "300",
+        "--dir",
+        work.to_str().unwrap(),
+        "--kafka",
+        &weir_testkit::kafka().bootstrap,
+        "--postgres",
+        &weir_testkit::postgres().url,
+    ];
+    args.extend_from_slice(extra);
+    chaos(&args)
+}
+
 fn checked(s: &serde_json::Value) -> String {
     s["checked"]
         .as_array()
@@ -41,23 +62,7 @@ fn chaos_on_the_worked_example_finds_no_mismatch() {
     let _one = POSTGRES_CHAOS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir();
     let work = dir.path().join("chaos");
-    let s = chaos(&[
-        "--kills",
-        "6",
-        "--seed",
-        "11",
-        "--batch-rows",
-        "200",
-        "--keys",
-        "300",
-        "--odd",
-        "--dir",
-        work.to_str().unwrap(),
-        "--kafka",
-        &weir_testkit::kafka().bootstrap,
-        "--postgres",
-        &weir_testkit::postgres().url,
-    ]);
+    let s = worked_example_chaos(&work, &["--seed", "11", "--odd"]);
     assert_eq!(s["mismatches"], serde_json::json!([]), "{s}");
     assert_eq!(s["kills"], 6, "{s}");
     let committed = s["batches_committed"].as_u64().unwrap();
@@ -83,24 +88,7 @@ fn chaos_with_workers_killed_too_finds_no_mismatch() {
     let _one = POSTGRES_CHAOS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir();
     let work = dir.path().join("chaos");
-    let s = chaos(&[
-        "--kills",
-        "6",
-        "--seed",
-        "5",
-        "--workers",
-        "3",
-        "--batch-rows",
-        "200",
-        "--keys",
-        "300",
-        "--dir",
-        work.to_str().unwrap(),
-        "--kafka",
-        &weir_testkit::kafka().bootstrap,
-        "--postgres",
-        &weir_testkit::postgres().url,
-    ]);
+    let s = worked_example_chaos(&work, &["--seed", "5", "--workers", "3"]);
     assert_eq!(s["mismatches"], serde_json::json!([]), "{s}");
     assert_eq!(s["kills"], 6, "{s}");
     assert!(s["worker_kills"].as_u64().unwrap() >= 1, "{s}");

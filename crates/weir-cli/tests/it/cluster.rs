@@ -16,6 +16,11 @@ use crate::{
     SCHEMA, bin, gen_orders, input_rows, last_progress, pipeline_with, progress_batches, run_to_end,
 };
 
+/// The workers as the pipeline helpers take them.
+fn refs(ws: &[Worker]) -> Vec<&Worker> {
+    ws.iter().collect()
+}
+
 /// A `weir worker` process, killed when dropped.
 struct Worker {
     child: Child,
@@ -61,6 +66,11 @@ impl Worker {
         // Keep draining its stderr so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         Worker { child, url }
+    }
+
+    /// Three workers on free ports, with `token`.
+    fn three(token: Option<&str>) -> [Worker; 3] {
+        [0, 1, 2].map(|_| Worker::start("127.0.0.1:0", token))
     }
 
     /// The `host:port` it listens on.
@@ -207,15 +217,11 @@ const COLS: [&str; 4] = ["order_id", "status", "amount", "updated_at"];
 
 #[tokio::test]
 async fn three_workers_read_every_file_once_and_each_reports_its_rows() {
-    let ws = [
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-    ];
+    let ws = Worker::three(None);
     let dir = temp_dir();
     let input = dir.path().join("in");
     gen_orders(&input, 6, 200, 50);
-    let p = cluster_pipeline(dir.path(), &[&ws[0], &ws[1], &ws[2]], "", 3);
+    let p = cluster_pipeline(dir.path(), &refs(&ws), "", 3);
     let progress = dir.path().join("progress.jsonl");
     let last = run_to_end(&p, &progress);
     assert_eq!(progress_batches(&progress), vec![0, 1]);
@@ -257,15 +263,11 @@ async fn three_workers_read_every_file_once_and_each_reports_its_rows() {
 /// token): its result equals the same pipeline's in one process, batch for batch.
 #[tokio::test]
 async fn a_grouping_shuffled_between_token_workers_equals_a_single_process_run() {
-    let ws = [
-        Worker::start("127.0.0.1:0", Some("t0k")),
-        Worker::start("127.0.0.1:0", Some("t0k")),
-        Worker::start("127.0.0.1:0", Some("t0k")),
-    ];
+    let ws = Worker::three(Some("t0k"));
     let sql = "SELECT status, count(*) AS n, sum(order_id) AS s, min(updated_at) AS first \
                FROM batch GROUP BY status";
     let [cluster, alone] = on_workers_and_alone(
-        &[&ws[0], &ws[1], &ws[2]],
+        &refs(&ws),
         "token = \"t0k\"",
         sql,
         100,
@@ -283,16 +285,11 @@ async fn a_grouping_shuffled_between_token_workers_equals_a_single_process_run()
 /// shuffle; batch for batch the result is the single process's.
 #[tokio::test]
 async fn the_newest_row_per_key_on_workers_equals_a_single_process_run() {
-    let ws = [
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-    ];
+    let ws = Worker::three(None);
     let sql = "SELECT order_id, status, amount, updated_at FROM (SELECT *, row_number() OVER \
                (PARTITION BY order_id ORDER BY updated_at DESC, status DESC, amount DESC) \
                AS rn FROM batch) WHERE rn = 1";
-    let [cluster, alone] =
-        on_workers_and_alone(&[&ws[0], &ws[1], &ws[2]], "", sql, 120, &COLS).await;
+    let [cluster, alone] = on_workers_and_alone(&refs(&ws), "", sql, 120, &COLS).await;
     // At most one row per order and batch: 120 orders.
     assert!(cluster.len() <= 3 * 120, "{}", cluster.len());
     assert_eq!(
@@ -303,17 +300,13 @@ async fn the_newest_row_per_key_on_workers_equals_a_single_process_run() {
 
 #[tokio::test]
 async fn a_worker_killed_and_restarted_mid_run_loses_and_repeats_no_row() {
-    let mut ws = [
-        Worker::start("127.0.0.1:0", Some("s3cret")),
-        Worker::start("127.0.0.1:0", Some("s3cret")),
-        Worker::start("127.0.0.1:0", Some("s3cret")),
-    ];
+    let mut ws = Worker::three(Some("s3cret"));
     let dir = temp_dir();
     let input = dir.path().join("in");
     gen_orders(&input, 60, 2000, 500);
     let p = cluster_pipeline(
         dir.path(),
-        &[&ws[0], &ws[1], &ws[2]],
+        &refs(&ws),
         "token = \"env:WEIR_TEST_CLUSTER_TOKEN\"\nmax-batch-attempts = 4",
         3,
     );
@@ -357,16 +350,12 @@ async fn a_worker_killed_and_restarted_mid_run_loses_and_repeats_no_row() {
 
 #[tokio::test]
 async fn the_driver_killed_at_its_fault_points_replays_on_the_workers_exactly() {
-    let ws = [
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-    ];
+    let ws = Worker::three(None);
     for point in [AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE] {
         let dir = temp_dir();
         let input = dir.path().join("in");
         gen_orders(&input, 8, 100, 50);
-        let p = cluster_pipeline(dir.path(), &[&ws[0], &ws[1], &ws[2]], "", 2);
+        let p = cluster_pipeline(dir.path(), &refs(&ws), "", 2);
         let first = dir.path().join("p1.jsonl");
         let second = dir.path().join("p2.jsonl");
         killed_in_batch_2_then_rerun(&p, point, &first, &second);
@@ -511,11 +500,7 @@ connect-timeout = "2s"
 /// killed at its fault points replays the same ranges there, and every record lands once.
 #[tokio::test]
 async fn kafka_ranges_are_read_on_the_workers_and_a_killed_driver_replays_them_exactly() {
-    let ws = [
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-    ];
+    let ws = Worker::three(None);
     for (n, point) in [AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE]
         .into_iter()
         .enumerate()
@@ -523,7 +508,7 @@ async fn kafka_ranges_are_read_on_the_workers_and_a_killed_driver_replays_them_e
         let topic = format!("cluster_orders_{n}");
         let sent = kafka_topic_with_orders(&topic, 20).await;
         let dir = temp_dir();
-        let p = kafka_cluster_pipeline(dir.path(), &topic, 15, &[&ws[0], &ws[1], &ws[2]], "");
+        let p = kafka_cluster_pipeline(dir.path(), &topic, 15, &refs(&ws), "");
         let first = dir.path().join("p1.jsonl");
         let second = dir.path().join("p2.jsonl");
         killed_in_batch_2_then_rerun(&p, point, &first, &second);
@@ -552,18 +537,14 @@ async fn kafka_ranges_are_read_on_the_workers_and_a_killed_driver_replays_them_e
 
 #[tokio::test]
 async fn a_worker_killed_mid_run_on_kafka_loses_and_repeats_no_record() {
-    let mut ws = [
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-    ];
+    let mut ws = Worker::three(None);
     let sent = kafka_topic_with_orders("cluster_worker_kill", 1500).await;
     let dir = temp_dir();
     let p = kafka_cluster_pipeline(
         dir.path(),
         "cluster_worker_kill",
         300,
-        &[&ws[0], &ws[1], &ws[2]],
+        &refs(&ws),
         "max-batch-attempts = 4",
     );
     let progress = dir.path().join("progress.jsonl");
@@ -693,9 +674,8 @@ async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill()
         let dir = temp_dir();
         let input = dir.path().join("in");
         gen_orders(&input, 45, 400, 100);
-        let refs: Vec<&Worker> = ws.iter().collect();
         let extra = "token = \"n3t\"\nmax-batch-attempts = 4";
-        let p = sql_pipeline(dir.path(), &refs, extra, 3, sql, cluster);
+        let p = sql_pipeline(dir.path(), &refs(&ws), extra, 3, sql, cluster);
         let progress = dir.path().join("progress.jsonl");
         let first_ns = net.names[0].clone();
         let restart = move |a: &str| Worker::start_in(Some(&first_ns), a, Some("n3t"));
@@ -742,17 +722,13 @@ async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill()
 /// the others, and every row lands once.
 #[tokio::test]
 async fn a_frozen_worker_fails_the_attempt_within_the_liveness_timeout() {
-    let ws = [
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-        Worker::start("127.0.0.1:0", None),
-    ];
+    let ws = Worker::three(None);
     let dir = temp_dir();
     let input = dir.path().join("in");
     gen_orders(&input, 30, 2000, 500);
     let p = cluster_pipeline(
         dir.path(),
-        &[&ws[0], &ws[1], &ws[2]],
+        &refs(&ws),
         "liveness-timeout = \"2s\"\nmax-batch-attempts = 4",
         3,
     );
