@@ -26,7 +26,7 @@ use weir_core::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
 use weir_core::source::BadRecordMode;
-use weir_core::source::leaf::{ScanKind, WorkerScan, balance, leaf_properties};
+use weir_core::source::leaf::{ScanKind, WorkerScan, balance, leaf_properties, stream_share};
 
 use crate::options::{KafkaOptions, ValueFormat};
 use crate::{PartitionOffsets, client, read};
@@ -305,14 +305,7 @@ impl ExecutionPlan for KafkaRangeExec {
     ) -> DfResult<SendableRecordBatchStream> {
         // A task's variant holds its own share (see `per_task`); its ranges are spread
         // over the partitions, each read by a consumer of its own.
-        let parts = self.scan.partitions.max(1);
-        let mine: Vec<KafkaRange> = self
-            .scan
-            .ranges()
-            .enumerate()
-            .filter(|(i, _)| i % parts == partition)
-            .map(|(_, r)| r.clone())
-            .collect();
+        let mine = stream_share(self.scan.ranges(), self.scan.partitions, partition);
         let rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let out = self.schema();
         let mut builder = RecordBatchReceiverStreamBuilder::new(out, 2);

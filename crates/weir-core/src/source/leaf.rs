@@ -138,6 +138,21 @@ pub fn balance<T: Clone>(items: &[T], weight: impl Fn(&T) -> u64, tasks: usize) 
         .collect()
 }
 
+/// The items stream `partition` of `partitions` reads: every `partitions`-th, from its own
+/// index on, so the streams of a scan read each item once.
+pub fn stream_share<'a, T: Clone + 'a>(
+    items: impl Iterator<Item = &'a T>,
+    partitions: usize,
+    partition: usize,
+) -> Vec<T> {
+    let partitions = partitions.max(1);
+    items
+        .enumerate()
+        .filter(|(i, _)| i % partitions == partition)
+        .map(|(_, t)| t.clone())
+        .collect()
+}
+
 /// The properties of a leaf scan: `schema` on `partitions` streams, bounded.
 pub fn leaf_properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
     Arc::new(PlanProperties::new(

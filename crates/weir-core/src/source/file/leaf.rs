@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use super::{FileEntry, FileFormat, read};
 use crate::error::Error;
 use crate::source::decode::{BadRecordMode, output_schema};
-use crate::source::leaf::{ScanKind, WorkerScan, balance, leaf_properties};
+use crate::source::leaf::{ScanKind, WorkerScan, balance, leaf_properties, stream_share};
 use crate::storage::{Location, StorageOptions};
 
 /// What one scan of recorded files reads: plain data, sent to the workers with the plan.
@@ -214,14 +214,7 @@ impl ExecutionPlan for RecordedFilesExec {
         _context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         // A task's variant holds its own share (see `FilesScan::per_task`).
-        let parts = self.scan.partitions.max(1);
-        let mine: Vec<FileEntry> = self
-            .scan
-            .files()
-            .enumerate()
-            .filter(|(i, _)| i % parts == partition)
-            .map(|(_, e)| e.clone())
-            .collect();
+        let mine = stream_share(self.scan.files(), self.scan.partitions, partition);
         let rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let (dir, format, schema, mode) = (
             self.dir.clone(),
