@@ -2,7 +2,8 @@
 //! plan with datafusion-proto; nodes it does not know go through this codec, registered on
 //! the driver's session and on every worker's.
 //!
-//! The nodes are the top-one rule's newest row per key ([`TopOnePerKeyExec`], its keys and
+//! The nodes are the Parquet sink's write on the workers ([`ParquetPartsExec`], its
+//! settings as JSON), the top-one rule's newest row per key ([`TopOnePerKeyExec`], its keys and
 //! order as datafusion-proto's sort expressions) and the sources' scans of a batch's recorded input ([`WorkerScan`]s: the
 //! files of `sources/<i>/N`, the Kafka ranges of `offsets/N`), of the kinds the binary
 //! lists ([`ScanKind`]). Each goes as its kind's name, the schema it decodes with (as
@@ -22,6 +23,7 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use prost::Message;
 use weir_core::engine::top_one::TopOnePerKeyExec;
+use weir_core::sink::{PARQUET_PARTS, ParquetPartsExec, PartsWrite};
 use weir_core::source::leaf::{ScanKind, find_scan};
 
 /// A weir node on the wire.
@@ -101,6 +103,20 @@ impl PhysicalExtensionCodec for WeirCodec {
                 Arc::new(schema),
             )));
         }
+        if node.kind == PARQUET_PARTS {
+            let [input] = inputs else {
+                return Err(DataFusionError::Internal(format!(
+                    "{PARQUET_PARTS} takes one input, {} given",
+                    inputs.len()
+                )));
+            };
+            let write: PartsWrite = serde_json::from_str(&node.body)
+                .map_err(|e| DataFusionError::Internal(format!("decoding {PARQUET_PARTS}: {e}")))?;
+            return Ok(Arc::new(ParquetPartsExec::try_new(
+                Arc::clone(input),
+                write,
+            )?));
+        }
         let Some(kind) = self.kinds.iter().find(|k| k.kind == node.kind) else {
             return Err(DataFusionError::NotImplemented(format!(
                 "plan node '{}' is not known to this worker (weir {}, knows {}): driver and \
@@ -143,9 +159,24 @@ impl PhysicalExtensionCodec for WeirCodec {
                 .encode(buf)
                 .map_err(|e| DataFusionError::Internal(format!("encoding a weir plan node: {e}")));
         }
+        if let Some(parts) = node.downcast_ref::<ParquetPartsExec>() {
+            let body = serde_json::to_string(parts.write())
+                .map_err(|e| DataFusionError::Internal(format!("encoding {PARQUET_PARTS}: {e}")))?;
+            let proto = WeirNodeProto {
+                kind: PARQUET_PARTS.into(),
+                schema: None,
+                body,
+                keys: Vec::new(),
+                order: Vec::new(),
+            };
+            return proto
+                .encode(buf)
+                .map_err(|e| DataFusionError::Internal(format!("encoding a weir plan node: {e}")));
+        }
         let Some(scan) = find_scan(self.kinds, &node) else {
             return Err(DataFusionError::NotImplemented(format!(
-                "{} cannot be sent to a worker: weir's codec knows {TOP_ONE} and {} only",
+                "{} cannot be sent to a worker: weir's codec knows {TOP_ONE}, {PARQUET_PARTS} \
+                 and {} only",
                 node.name(),
                 self.known()
             )));

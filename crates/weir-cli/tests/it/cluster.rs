@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use weir_core::fault::{AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE};
+use weir_core::sink::{PARQUET_BETWEEN_MOVES, PARQUET_POINTS};
 use weir_testkit::{parquet_rows, run_weir, temp_dir};
 
 use crate::kills::{kafka_topic_with_orders, killed_in_batch_2_then_rerun};
@@ -257,6 +258,37 @@ async fn three_workers_read_every_file_once_and_each_reports_its_rows() {
         input_rows(&input).await,
         "every input row exactly once"
     );
+    // The workers wrote the parts, at least one per task (one process writes one part per
+    // batch), and the driver moved every one of them into place.
+    let out = dir.path().join("out");
+    for batch in 0..2 {
+        let parts = parts_of(&out, batch);
+        assert!(parts >= 3, "batch {batch}: {parts} part(s)");
+    }
+    assert_eq!(staged(&out), Vec::<String>::new());
+}
+
+/// How many parts of batch `batch` the Parquet folder `out` holds.
+fn parts_of(out: &Path, batch: u64) -> usize {
+    let prefix = format!("batch-{batch:010}-part-");
+    std::fs::read_dir(out)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.starts_with(&prefix) && name.ends_with(".parquet")
+        })
+        .count()
+}
+
+/// What the Parquet folder `out`'s staging still holds.
+fn staged(out: &Path) -> Vec<String> {
+    match std::fs::read_dir(out.join("_weir_staging")) {
+        Ok(it) => it
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// A grouping shuffles rows between the workers (a worker reads another's output, with the
@@ -334,6 +366,8 @@ async fn a_worker_killed_and_restarted_mid_run_loses_and_repeats_no_row() {
         input_rows(&input).await,
         "every input row exactly once"
     );
+    // What the lost attempt staged was cleared by a later commit.
+    assert_eq!(staged(&dir.path().join("out")), Vec::<String>::new());
     // The restarted worker took tasks again after it came back.
     let last = last_progress(&progress);
     let urls: Vec<&str> = last["cluster"]["workers"]
@@ -351,7 +385,13 @@ async fn a_worker_killed_and_restarted_mid_run_loses_and_repeats_no_row() {
 #[tokio::test]
 async fn the_driver_killed_at_its_fault_points_replays_on_the_workers_exactly() {
     let ws = Worker::three(None);
-    for point in [AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE] {
+    // The runner's points, and the Parquet sink's on the driver: before the staged parts
+    // are moved, after the first of them, after all.
+    let points = [AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE]
+        .into_iter()
+        .chain(PARQUET_POINTS.iter().copied())
+        .chain([PARQUET_BETWEEN_MOVES]);
+    for point in points {
         let dir = temp_dir();
         let input = dir.path().join("in");
         gen_orders(&input, 8, 100, 50);
@@ -367,6 +407,11 @@ async fn the_driver_killed_at_its_fault_points_replays_on_the_workers_exactly() 
         );
         let got = parquet_rows(&dir.path().join("out"), &COLS).await;
         assert_eq!(got, input_rows(&input).await, "{point}: every row once");
+        assert_eq!(
+            staged(&dir.path().join("out")),
+            Vec::<String>::new(),
+            "{point}"
+        );
     }
 }
 

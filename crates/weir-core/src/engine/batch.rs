@@ -13,6 +13,7 @@ use datafusion::prelude::{DataFrame, SessionContext};
 use futures::FutureExt;
 use tokio::sync::Mutex;
 
+use super::cluster::OnCluster;
 use super::kept_plan::{SqlPlan, deal};
 use super::stateful::{EventTime, EventTimeStats, Operator, check_no_operator_removed};
 use super::transform::{Transform, sql_over_batch};
@@ -288,16 +289,24 @@ impl Steps {
 /// Calls the function for batch `ctx.batch_id` while `prepare` (the commit entry written
 /// under a temp name) runs beside it; `prepare`'s result once the function returned `Ok`.
 /// An error or a panic of the function fails the batch, naming it.
+/// On a cluster (`on_workers`), a sink that writes on the workers is given the plan and
+/// the cluster to run it on ([`ForeachBatch::write_on_workers`]) instead.
 pub(super) async fn call<P>(
     sink: &dyn ForeachBatch,
     df: DataFrame,
     ctx: BatchContext,
+    on_workers: Option<&OnCluster>,
     prepare: impl Future<Output = P>,
 ) -> Result<P> {
     let (query, batch_id) = (ctx.query_name.clone(), ctx.batch_id);
     fault::hit(BEFORE_USER_FN, batch_id)?;
-    let (outcome, prepared) =
-        futures::join!(AssertUnwindSafe(sink.call(df, ctx)).catch_unwind(), prepare);
+    let work = async {
+        match on_workers {
+            Some(run) => sink.write_on_workers(df, ctx, run).await,
+            None => sink.call(df, ctx).await,
+        }
+    };
+    let (outcome, prepared) = futures::join!(AssertUnwindSafe(work).catch_unwind(), prepare);
     match outcome {
         Ok(Ok(())) => {}
         Ok(Err(source)) => {

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::transform::Transform;
 use crate::error::{Error, Result};
+use crate::sink::PlanRunner;
 
 /// What one worker did for one batch: progress's `cluster.workers[]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +86,50 @@ pub fn check_steps_on_cluster(transforms: &[Transform]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Runs a sink's plans for batch `batch_id` on the cluster ([`PlanRunner`]), keeping what
+/// the workers did for the progress report.
+pub(crate) struct OnCluster {
+    cluster: Arc<dyn Cluster>,
+    batch_id: u64,
+    /// Input rows and tasks per worker, over the plans run.
+    ran: std::sync::Mutex<(u64, Vec<WorkerTasks>)>,
+}
+
+impl OnCluster {
+    pub(crate) fn new(cluster: Arc<dyn Cluster>, batch_id: u64) -> Self {
+        OnCluster {
+            cluster,
+            batch_id,
+            ran: std::sync::Mutex::new((0, Vec::new())),
+        }
+    }
+
+    /// Input rows read and what each worker did, over the plans run so far.
+    pub(crate) fn ran(&self) -> (u64, Vec<WorkerTasks>) {
+        self.ran.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl PlanRunner for OnCluster {
+    async fn run(&self, plan: DataFrame) -> Result<Vec<RecordBatch>> {
+        let run = run_on_cluster(&self.cluster, plan, self.batch_id).await?;
+        if let Ok(mut ran) = self.ran.lock() {
+            ran.0 += run.input_rows;
+            for w in run.workers {
+                match ran.1.iter_mut().find(|r| r.url == w.url) {
+                    Some(r) => {
+                        r.tasks += w.tasks;
+                        r.input_rows += w.input_rows;
+                    }
+                    None => ran.1.push(w),
+                }
+            }
+        }
+        Ok(run.batches)
+    }
 }
 
 /// Runs a batch's plan on `cluster`: each attempt checks the workers first; a failed

@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::batch::{self, Ahead, ReadRows, Steps, read_ahead, read_rows};
-use super::cluster::{Cluster, WorkerTasks, run_on_cluster};
+use super::cluster::{Cluster, OnCluster, WorkerTasks, run_on_cluster};
 use super::progress::{BehindDetector, Durations, Phase, QueryIdle, QueryListener, QueryStarted};
 use super::query::Shared;
 use super::report::{self, Range, Timing};
@@ -551,8 +551,14 @@ impl Runner {
         durations.since(Phase::QueryPlanning, t);
         // On a cluster the plan runs on the workers now (reading is part of it); the
         // function gets its rows, held here.
+        // A sink that writes on the workers gets the plan instead: the rows stay there.
+        let on_workers = match &self.spec.cluster {
+            Some(c) if self.spec.sink.writes_on_workers() => Some(OnCluster::new(c.clone(), id)),
+            _ => None,
+        };
         let (df, rows, cluster) = match &self.spec.cluster {
             None => (df, rows, None),
+            Some(_) if on_workers.is_some() => (df, rows, None),
             Some(c) => {
                 let t = Instant::now();
                 let run = run_on_cluster(c, df.clone(), id)
@@ -615,9 +621,17 @@ impl Runner {
             self.spec.sink.as_ref(),
             df,
             bctx,
+            on_workers.as_ref(),
             self.spec.checkpoint.prepare_commit(id, &commit),
         )
         .await?;
+        let (rows, cluster) = match &on_workers {
+            Some(run) => {
+                let (read, workers) = run.ran();
+                (read, Some(workers))
+            }
+            None => (rows, cluster),
+        };
 
         // State version N+1, before `commits/N` (a replay of N loads version N again).
         let state_operators = self

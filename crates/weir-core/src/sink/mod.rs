@@ -3,6 +3,7 @@
 //! | sink | idempotency pattern | on replay |
 //! |---|---|---|
 //! | [`ParquetSink`] | file names derived from (batch id, part), temp name + rename | the same files are written again |
+//! | [`ParquetSink`] on a cluster | tasks write staged parts; the driver moves them to the same names ([`ParquetPartsExec`]) | the same names are written again |
 //!
 //! The Delta, PostgreSQL and console sinks live in their own crates and implement the same
 //! trait.
@@ -10,6 +11,8 @@
 mod context;
 mod parquet;
 mod parquet_dictionary;
+mod parquet_encode;
+mod parquet_parts;
 pub mod recorded;
 pub mod upsert;
 
@@ -27,7 +30,10 @@ use crate::error::{BoxError, Error};
 pub use crate::error::error_chain;
 pub use context::{BatchContext, CACHE_DURATION_KEY, QueryIdentity, SinkMetric, SinkMetrics};
 pub(crate) use parquet::OWNER;
-pub use parquet::{PARQUET_POINTS, ParquetCompression, ParquetSink};
+pub use parquet::{PARQUET_BETWEEN_MOVES, PARQUET_POINTS, ParquetSink};
+pub use parquet_encode::ParquetCompression;
+pub(crate) use parquet_parts::WritePlanner;
+pub use parquet_parts::{PARQUET_PARTS, ParquetPartsExec, PartsWrite, written_schema};
 pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
 
 /// The user's function: called once per attempt of a batch, on one task, batches in order.
@@ -63,6 +69,40 @@ pub trait ForeachBatch: Send + Sync {
     /// The `call` after a successful `stage` will not come (a sink before this one failed):
     /// drop what the stage holds. The default has nothing to drop.
     async fn discard(&self, _ctx: BatchContext) {}
+
+    /// Whether this sink writes a batch where the batch's plan runs (a cluster's workers,
+    /// each task writing its share) with [`ForeachBatch::write_on_workers`], so that the
+    /// rows never come to this process. The default: no, the rows are brought here and
+    /// `call` writes them.
+    fn writes_on_workers(&self) -> bool {
+        false
+    }
+
+    /// Writes the batch the way [`ForeachBatch::writes_on_workers`] says: builds a plan
+    /// over `batch` whose tasks write their rows and output what they wrote, runs it with
+    /// `run` (which retries it on the workers left when a worker is lost), then commits
+    /// what the tasks wrote, once, here. The same promises as `call`: a replay of the batch
+    /// must leave each row once. The default calls `call`.
+    async fn write_on_workers(
+        &self,
+        batch: DataFrame,
+        ctx: BatchContext,
+        _run: &dyn PlanRunner,
+    ) -> Result<(), BoxError> {
+        self.call(batch, ctx).await
+    }
+}
+
+/// Runs a plan where the batch's plan runs (on a cluster: on the workers, attempt after
+/// attempt until one succeeds or the cluster's limit is reached) and brings its output
+/// here: what a sink's tasks wrote, never the batch's rows.
+#[async_trait]
+pub trait PlanRunner: Send + Sync {
+    /// `plan`'s output, from the first attempt that succeeded.
+    async fn run(
+        &self,
+        plan: DataFrame,
+    ) -> crate::error::Result<Vec<datafusion::arrow::array::RecordBatch>>;
 }
 
 #[async_trait]
@@ -120,6 +160,42 @@ impl FanOut {
 
 #[async_trait]
 impl ForeachBatch for FanOut {
+    /// One sink that writes on the workers: the fan-out is only a name for it (several
+    /// sinks share one read of the batch, held here).
+    fn writes_on_workers(&self) -> bool {
+        matches!(&self.sinks[..], [(_, sink)] if sink.writes_on_workers())
+    }
+
+    async fn write_on_workers(
+        &self,
+        batch: DataFrame,
+        ctx: BatchContext,
+        run: &dyn PlanRunner,
+    ) -> Result<(), BoxError> {
+        let [(name, sink)] = &self.sinks[..] else {
+            return self.call(batch, ctx).await;
+        };
+        let started = std::time::Instant::now();
+        let rows_before = ctx.metrics.output_rows();
+        sink.write_on_workers(batch, ctx.clone(), run)
+            .await
+            .map_err(|source| {
+                Box::new(Error::Sink {
+                    sink: name.clone(),
+                    batch_id: ctx.batch_id,
+                    source,
+                }) as BoxError
+            })?;
+        ctx.metrics
+            .record(name, SinkMetric::DurationMs, started.elapsed().as_millis());
+        let rows_after = ctx.metrics.output_rows();
+        if rows_after != rows_before {
+            ctx.metrics
+                .record(name, SinkMetric::Rows, rows_after - rows_before.max(0));
+        }
+        Ok(())
+    }
+
     async fn open(&self, query: &crate::sink::QueryIdentity) -> Result<(), BoxError> {
         for (name, sink) in self.sinks.iter() {
             sink.open(query).await.map_err(|source| {

@@ -9,6 +9,9 @@
 //! Readers that list the folder while a batch is being written or replaced may see part of
 //! it; the batch is complete when its `commits/N` exists.
 //!
+//! On a cluster the workers write the parts and this process moves them into place under
+//! the same names (see `parquet_parts`): the rows do not pass through the driver.
+//!
 //! The folder belongs to one query: `_weir_query` records the query id of the checkpoint
 //! that first wrote to it, and a query with another id (a new checkpoint, or a second
 //! query) is refused instead of overwriting that query's `batch-0...` files.
@@ -19,22 +22,18 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::arrow::arrow_writer::{
-    ArrowColumnChunk, ArrowColumnWriter, ArrowLeafColumn, compute_leaves,
-};
-use datafusion::parquet::basic::{Compression, GzipLevel, ZstdLevel};
-use datafusion::parquet::errors::ParquetError;
-use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::logical_expr::{Extension, LogicalPlan};
 use datafusion::prelude::DataFrame;
 use futures::StreamExt;
 use tokio::sync::OnceCell;
 
-use super::parquet_dictionary::{rows_of, without_wasted_dictionaries};
-use super::{BatchContext, ForeachBatch};
+use super::parquet_dictionary::rows_of;
+use super::parquet_encode::{Chunker, ParquetCompression, put_encoded};
+use super::parquet_parts::{PartsWrite, STAGING, WriteNode, clear_staging, parts_written};
+use super::{BatchContext, ForeachBatch, PlanRunner};
 use crate::error::{BoxError, Error, Result};
 use crate::fault;
-use crate::storage::{Location, WriteOutcome, blocking};
+use crate::storage::{Location, WriteOutcome};
 
 /// The fault points of the Parquet sink, in the order a batch passes them.
 pub const PARQUET_POINTS: &[&str] = &[POINT_BEFORE_WRITE, POINT_AFTER_WRITE];
@@ -42,40 +41,12 @@ pub const PARQUET_POINTS: &[&str] = &[POINT_BEFORE_WRITE, POINT_AFTER_WRITE];
 pub(super) const POINT_BEFORE_WRITE: &str = "parquet-before-rename";
 /// After every part is in place and stale parts are removed.
 pub(super) const POINT_AFTER_WRITE: &str = "parquet-after-rename";
+/// On a cluster, after the first of several staged parts was moved into place (the
+/// others are still staged).
+pub const PARQUET_BETWEEN_MOVES: &str = "parquet-between-moves";
 
 /// The file that names the query owning the folder.
 pub(crate) const OWNER: &str = "_weir_query";
-
-/// The codec of the part files' pages: Spark's `compression` option of its Parquet writer,
-/// with Spark's default (`snappy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ParquetCompression {
-    /// Spark's default: fast, larger files.
-    #[default]
-    Snappy,
-    /// Smaller files for more CPU (level 3); measured on 200,000-row parts, the codec took
-    /// about a quarter of the write.
-    Zstd,
-    /// LZ4 (the raw format of Parquet's `LZ4_RAW`).
-    Lz4,
-    /// gzip, level 6.
-    Gzip,
-    /// No compression.
-    None,
-}
-
-impl ParquetCompression {
-    fn codec(self) -> Compression {
-        match self {
-            ParquetCompression::Snappy => Compression::SNAPPY,
-            ParquetCompression::Zstd => Compression::ZSTD(ZstdLevel::default()),
-            ParquetCompression::Lz4 => Compression::LZ4_RAW,
-            ParquetCompression::Gzip => Compression::GZIP(GzipLevel::default()),
-            ParquetCompression::None => Compression::UNCOMPRESSED,
-        }
-    }
-}
 
 /// See the module docs.
 #[derive(Debug, Clone)]
@@ -216,23 +187,63 @@ impl ParquetSink {
         part: usize,
     ) -> Result<()> {
         let name = Self::part_name(batch_id, part);
-        let shown = self.dir.describe(&name);
-        let schema = schema.clone();
-        let sink = self.label();
-        let codec = self.compression.codec();
-        let bytes = blocking(move || {
-            let props = WriterProperties::builder().set_compression(codec);
-            let props = without_wasted_dictionaries(props, &schema, &batches).build();
-            encode(schema, &batches, props, PARALLEL_FROM_ROWS)
-                .map(Bytes::from)
-                .map_err(|e| Error::Sink {
-                    sink,
-                    batch_id,
-                    source: format!("encoding {shown}: {e}").into(),
-                })
-        })
-        .await?;
-        self.dir.put(&name, bytes).await
+        put_encoded(
+            &self.dir,
+            &name,
+            schema,
+            batches,
+            self.compression,
+            batch_id,
+        )
+        .await
+    }
+
+    /// The batch's plan `df` with its write on top, for a cluster's workers (see
+    /// [`super::ParquetPartsExec`]): its output is what the tasks staged.
+    fn plan_on_workers(&self, df: DataFrame, batch_id: u64) -> Result<DataFrame> {
+        let write = PartsWrite {
+            dir: self.dir.url_string(),
+            storage: self.dir.options().as_map().clone(),
+            batch_id,
+            compression: self.compression,
+            target_rows_per_file: self.target_rows_per_file,
+        };
+        let (state, plan) = df.into_parts();
+        let node = WriteNode::new(plan, write).map_err(|e| {
+            Error::datafusion(format!("batch {batch_id}: planning the Parquet write"), e)
+        })?;
+        Ok(DataFrame::new(
+            state,
+            LogicalPlan::Extension(Extension {
+                node: Arc::new(node),
+            }),
+        ))
+    }
+
+    /// Commits what the tasks of batch `ctx.batch_id` staged (`written`, the write plan's
+    /// output): moves the parts into place, removes higher-numbered parts of the batch on a
+    /// replay and clears staging; returns the rows.
+    async fn commit_staged(&self, written: &[RecordBatch], ctx: &BatchContext) -> Result<u64> {
+        let batch_id = ctx.batch_id;
+        let parts = parts_written(written)?;
+        fault::hit(POINT_BEFORE_WRITE, batch_id)?;
+        for (i, (staged, _)) in parts.iter().enumerate() {
+            if i == 1 {
+                fault::hit(PARQUET_BETWEEN_MOVES, batch_id)?;
+            }
+            self.dir
+                .rename(
+                    &format!("{STAGING}/{staged}"),
+                    &Self::part_name(batch_id, i),
+                )
+                .await?;
+        }
+        if ctx.is_replay {
+            self.remove_stale_parts(batch_id, parts.len()).await?;
+        }
+        clear_staging(&self.dir, batch_id).await?;
+        fault::hit(POINT_AFTER_WRITE, batch_id)?;
+        Ok(parts.iter().map(|(_, rows)| rows).sum())
     }
 
     /// Removes parts of `batch_id` numbered `from` and up, left by an earlier attempt that
@@ -259,155 +270,6 @@ impl ParquetSink {
     }
 }
 
-/// Parts with fewer rows are encoded on the calling thread: starting threads would cost more
-/// than it saves.
-const PARALLEL_FROM_ROWS: usize = 50_000;
-
-/// One Parquet file of `batches`. From `parallel_from_rows` rows on, the columns are encoded
-/// on as many threads as there are cores (the slowest step of a large batch's write, done on
-/// one core before); the file is the one [`ArrowWriter`] writes.
-fn encode(
-    schema: SchemaRef,
-    batches: &[RecordBatch],
-    props: WriterProperties,
-    parallel_from_rows: usize,
-) -> std::result::Result<Vec<u8>, ParquetError> {
-    let rows = rows_of(batches);
-    let threads = crate::cores().min(schema.fields().len());
-    let group_rows = props.max_row_group_row_count().unwrap_or(usize::MAX);
-    let mut w = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))?;
-    if rows < parallel_from_rows || threads < 2 {
-        for b in batches {
-            w.write(b)?;
-        }
-        return w.into_inner();
-    }
-    let (mut file, factory) = w.into_serialized_writer()?;
-    let mut index = 0;
-    let mut flush = |group: Vec<RecordBatch>| {
-        let mut jobs: Vec<(ArrowColumnWriter, Vec<ArrowLeafColumn>)> = factory
-            .create_column_writers(index)?
-            .into_iter()
-            .map(|w| (w, Vec::new()))
-            .collect();
-        for b in group {
-            let mut leaf = 0;
-            for (field, column) in schema.fields().iter().zip(b.columns()) {
-                for l in compute_leaves(field, column)? {
-                    let job = jobs.get_mut(leaf).ok_or_else(|| {
-                        ParquetError::General("more leaf columns than writers".into())
-                    })?;
-                    job.1.push(l);
-                    leaf += 1;
-                }
-            }
-        }
-        let chunks = encode_columns(jobs, threads)?;
-        let mut rg = file.next_row_group()?;
-        for c in chunks {
-            c.append_to_row_group(&mut rg)?;
-        }
-        rg.close()?;
-        index += 1;
-        Ok::<(), ParquetError>(())
-    };
-    let mut groups = Chunker::new(group_rows);
-    for b in batches {
-        for group in groups.push(b) {
-            flush(group)?;
-        }
-    }
-    if let Some(group) = groups.finish() {
-        flush(group)?;
-    }
-    file.into_inner()
-}
-
-/// Cuts a stream of batches into runs of `rows` rows (zero-copy slices), as parts of a
-/// batch and row groups of a part are cut; the last run may be shorter.
-struct Chunker {
-    rows: usize,
-    pending: Vec<RecordBatch>,
-    pending_rows: usize,
-}
-
-impl Chunker {
-    fn new(rows: usize) -> Self {
-        Chunker {
-            rows: rows.max(1),
-            pending: Vec::new(),
-            pending_rows: 0,
-        }
-    }
-
-    /// Takes `batch`; the runs it completed, in order.
-    fn push(&mut self, batch: &RecordBatch) -> Vec<Vec<RecordBatch>> {
-        let mut full = Vec::new();
-        let mut offset = 0;
-        while offset < batch.num_rows() {
-            let take = (self.rows - self.pending_rows).min(batch.num_rows() - offset);
-            self.pending.push(batch.slice(offset, take));
-            self.pending_rows += take;
-            offset += take;
-            if self.pending_rows == self.rows {
-                full.push(std::mem::take(&mut self.pending));
-                self.pending_rows = 0;
-            }
-        }
-        full
-    }
-
-    /// The last, shorter run, if rows are left.
-    fn finish(self) -> Option<Vec<RecordBatch>> {
-        (self.pending_rows > 0).then_some(self.pending)
-    }
-}
-
-/// Encodes each leaf column with its writer, `threads` columns at a time; the chunks in
-/// column order.
-fn encode_columns(
-    jobs: Vec<(ArrowColumnWriter, Vec<ArrowLeafColumn>)>,
-    threads: usize,
-) -> std::result::Result<Vec<ArrowColumnChunk>, ParquetError> {
-    let count = jobs.len();
-    let queue = std::sync::Mutex::new(jobs.into_iter().enumerate());
-    let work = || {
-        let mut done = Vec::new();
-        loop {
-            let next = queue
-                .lock()
-                .map_err(|_| ParquetError::General("a column encoder panicked".into()))?
-                .next();
-            let Some((i, (mut w, leaves))) = next else {
-                return Ok::<_, ParquetError>(done);
-            };
-            for l in &leaves {
-                w.write(l)?;
-            }
-            done.push((i, w.close()?));
-        }
-    };
-    let mut chunks: Vec<(usize, ArrowColumnChunk)> = std::thread::scope(|s| {
-        let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
-        let mut all = work()?;
-        for h in helpers {
-            let done = h
-                .join()
-                .map_err(|_| ParquetError::General("a column encoder panicked".into()))??;
-            all.extend(done);
-        }
-        Ok::<_, ParquetError>(all)
-    })?;
-    if chunks.len() != count {
-        return Err(ParquetError::General(format!(
-            "{} of {count} columns encoded",
-            chunks.len()
-        )));
-    }
-    chunks.sort_unstable_by_key(|c| c.0);
-    Ok(chunks.into_iter().map(|c| c.1).collect())
-}
-
 #[async_trait]
 impl ForeachBatch for ParquetSink {
     async fn open(&self, query: &crate::sink::QueryIdentity) -> Result<(), BoxError> {
@@ -416,6 +278,24 @@ impl ForeachBatch for ParquetSink {
 
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
         let rows = self.write(batch, &ctx).await?;
+        ctx.metrics.add_output_rows(rows);
+        Ok(())
+    }
+
+    fn writes_on_workers(&self) -> bool {
+        true
+    }
+
+    async fn write_on_workers(
+        &self,
+        batch: DataFrame,
+        ctx: BatchContext,
+        run: &dyn PlanRunner,
+    ) -> Result<(), BoxError> {
+        self.check_owner(ctx.query_id, ctx.batch_id).await?;
+        let plan = self.plan_on_workers(batch, ctx.batch_id)?;
+        let written = run.run(plan).await?;
+        let rows = self.commit_staged(&written, &ctx).await?;
         ctx.metrics.add_output_rows(rows);
         Ok(())
     }
@@ -429,7 +309,10 @@ mod tests {
     use datafusion::arrow::compute::concat_batches;
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, TimeUnit};
     use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use datafusion::parquet::basic::{Compression, GzipLevel, ZstdLevel};
+    use datafusion::parquet::file::properties::WriterProperties;
 
+    use super::super::parquet_encode::encode;
     use super::*;
 
     fn batch(from: i64, n: i64) -> RecordBatch {

@@ -157,6 +157,22 @@ pub(super) fn write_replace(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Moves the durable file `from` to `to` (replacing a file of that name), then fsyncs the
+/// folders of both names.
+pub(super) fn rename_durable(from: &Path, to: &Path) -> Result<()> {
+    let (from_dir, to_dir) = (parent(from)?, parent(to)?);
+    create_dir_durable(to_dir)?;
+    journal::note('N', to);
+    fs::rename(from, to).map_err(|e| Error::io("moving into place", from, e))?;
+    // The content was fsynced under the old name: the same inode.
+    journal::note('S', to);
+    sync_dir(to_dir)?;
+    if from_dir != to_dir {
+        sync_dir(from_dir)?;
+    }
+    Ok(())
+}
+
 /// Hard-links the fsynced temp file `tmp` to `path` (which must not exist).
 fn link_noted(tmp: &Path, path: &Path) -> std::io::Result<()> {
     journal::note('N', path);

@@ -218,6 +218,21 @@ pub(super) async fn list(
         .collect())
 }
 
+/// Copies `from` to `to` (replacing it) and deletes `from`: a server-side copy, the bytes do
+/// not pass through this process.
+pub(super) async fn rename(
+    store: &dyn ObjectStore,
+    from: &ObjPath,
+    to: &ObjPath,
+    what: &str,
+) -> Result<()> {
+    store
+        .copy(from, to)
+        .await
+        .map_err(|e| err("copying into place", what, e))?;
+    delete(store, from, what).await
+}
+
 pub(super) async fn delete(store: &dyn ObjectStore, path: &ObjPath, what: &str) -> Result<()> {
     match store.delete(path).await {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),

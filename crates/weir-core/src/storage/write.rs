@@ -109,6 +109,28 @@ impl Location {
         }))
     }
 
+    /// Moves the file `from` to `to`, both names in this folder (either may be in a
+    /// sub-folder: `_staging/x`), replacing a file named `to`; durable when it returns.
+    /// Locally a rename; on an object store a server-side copy and a delete, so a reader
+    /// sees `to` whole or not at all (and may see both names for a moment).
+    pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        match &self.backend {
+            Backend::Local(p) => {
+                let (from, to) = (p.join(from), p.join(to));
+                blocking(move || local::rename_durable(&from, &to)).await
+            }
+            Backend::Remote { store, prefix } => {
+                remote::rename(
+                    store.as_ref(),
+                    &join_path(prefix, from),
+                    &join_path(prefix, to),
+                    &self.describe(to),
+                )
+                .await
+            }
+        }
+    }
+
     /// Writes `name` atomically and durably, replacing a file of that name.
     pub async fn put(&self, name: &str, bytes: Bytes) -> Result<()> {
         match &self.backend {

@@ -292,7 +292,7 @@ impl ExtensionPlanner for KeptPlanPlanner {
 }
 
 /// The query planner of every weir session: DataFusion's, which also knows [`KeptPlanNode`]
-/// nodes; a plan that is only such a node is not optimized again (its template was).
+/// nodes and the sinks' writes on workers; a plan that is only such a node is not optimized again (its template was).
 #[derive(Debug)]
 pub(crate) struct WeirQueryPlanner;
 
@@ -308,9 +308,12 @@ impl QueryPlanner for WeirQueryPlanner {
         {
             return p.instantiate();
         }
-        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(KeptPlanPlanner)])
-            .create_physical_plan(logical_plan, session)
-            .await
+        DefaultPhysicalPlanner::with_extension_planners(vec![
+            Arc::new(KeptPlanPlanner),
+            Arc::new(crate::sink::WritePlanner),
+        ])
+        .create_physical_plan(logical_plan, session)
+        .await
     }
 }
 

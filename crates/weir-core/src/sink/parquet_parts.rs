@@ -1,0 +1,375 @@
+//! The Parquet sink on a cluster: each task writes its rows where it runs; the driver
+//! commits the batch once. The rows never come to the driver.
+//!
+//! 1. The batch's plan gets a [`ParquetPartsExec`] on top (a [`WriteNode`] that weir's
+//!    query planner turns into it), inside the stage the workers run. Each partition of
+//!    each task writes its rows as parts of `target_rows_per_file` rows, named
+//!    `_weir_staging/batch-<N>-<random>-<k>.parquet`, and outputs one row per part: the
+//!    name and the rows. Readers do not list staging: Spark, pyarrow and weir's file source
+//!    skip `_`-prefixed folders.
+//! 2. After an attempt whose every task succeeded, the driver moves the parts into place as
+//!    `batch-<N>-part-<P>.parquet` in name order (a rename locally, a server-side copy on an
+//!    object store), removes parts of N numbered higher on a replay (as the single-process
+//!    write does), and deletes whatever staging holds for batches up to N.
+//!
+//! | failure | what is left | what happens |
+//! |---|---|---|
+//! | a worker lost mid-write | staged parts of the failed attempt | the plan runs again under new names; the commit deletes the old ones |
+//! | the driver dies before or during the moves | some parts of N in place, the rest staged | the replay writes and moves every part of N again, then removes higher numbers |
+//! | a cut-off worker writes after its attempt failed | a staged part no commit lists | deleted by the next batch's commit |
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{Array, RecordBatch, StringArray, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::Session;
+use datafusion::common::{DFSchema, DFSchemaRef, DataFusionError, Result as DfResult};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use super::parquet_dictionary::rows_of;
+use super::parquet_encode::{Chunker, ParquetCompression, put_encoded};
+use crate::error::{Error, Result};
+use crate::storage::{Location, StorageOptions, temp_target};
+
+/// The folder, inside the sink's, where tasks write before the driver's commit.
+pub(crate) const STAGING: &str = "_weir_staging";
+
+/// The node's name on the wire.
+pub const PARQUET_PARTS: &str = "weir.ParquetParts.v1";
+
+/// What the tasks of one batch's write need: plain data, sent to the workers with the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PartsWrite {
+    /// The sink's folder, as a URL.
+    pub dir: String,
+    /// The folder's object-store settings (never shown).
+    #[serde(default)]
+    pub storage: BTreeMap<String, String>,
+    pub batch_id: u64,
+    pub compression: ParquetCompression,
+    pub target_rows_per_file: usize,
+}
+
+/// The output of a write: one row per part written.
+pub fn written_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("file", DataType::Utf8, false),
+        Field::new("rows", DataType::UInt64, false),
+    ]))
+}
+
+/// The staged name of part `k` of one partition's write of batch `batch_id`.
+fn staged_name(batch_id: u64, run: &uuid::Uuid, k: usize) -> String {
+    format!("batch-{batch_id:010}-{}-{k:05}.parquet", run.simple())
+}
+
+/// The batch a staged name (or its temp file) belongs to.
+fn staged_batch(name: &str) -> Option<u64> {
+    let name = temp_target(name).unwrap_or(name);
+    name.strip_prefix("batch-")?.get(..10)?.parse().ok()
+}
+
+/// The parts the tasks reported, as (staged name, rows), in name order.
+pub(super) fn parts_written(out: &[RecordBatch]) -> Result<Vec<(String, u64)>> {
+    let bad = |what: &str| Error::Internal {
+        what: format!("the Parquet write's output: {what}"),
+    };
+    let mut parts = Vec::new();
+    for b in out {
+        let files = b
+            .column_by_name("file")
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+            .ok_or_else(|| bad("no `file` column"))?;
+        let rows = b
+            .column_by_name("rows")
+            .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+            .ok_or_else(|| bad("no `rows` column"))?;
+        if files.null_count() > 0 || rows.null_count() > 0 {
+            return Err(bad("a null"));
+        }
+        for i in 0..b.num_rows() {
+            parts.push((files.value(i).to_string(), rows.value(i)));
+        }
+    }
+    parts.sort();
+    Ok(parts)
+}
+
+/// Deletes what `dir`'s staging holds for batches up to `batch_id` (failed attempts, a
+/// driver that died, late writes of a lost worker).
+pub(super) async fn clear_staging(dir: &Location, batch_id: u64) -> Result<()> {
+    let staging = dir.join(STAGING);
+    let doomed: Vec<String> = staging
+        .list_names()
+        .await?
+        .into_iter()
+        .filter(|n| staged_batch(n).is_some_and(|b| b <= batch_id))
+        .collect();
+    staging.delete_many(doomed).await
+}
+
+/// Writes its input's rows as staged Parquet parts, partition by partition, and outputs
+/// what it wrote (see the module docs).
+#[derive(Debug)]
+pub struct ParquetPartsExec {
+    input: Arc<dyn ExecutionPlan>,
+    write: PartsWrite,
+    dir: Location,
+    props: Arc<PlanProperties>,
+}
+
+impl ParquetPartsExec {
+    /// The write `write` of `input`'s rows. An error if the folder's URL or settings are
+    /// not valid here.
+    pub fn try_new(input: Arc<dyn ExecutionPlan>, write: PartsWrite) -> DfResult<Self> {
+        let storage = StorageOptions::new(write.storage.clone()).map_err(external)?;
+        let dir = Location::parse("sink.path", &write.dir, None, &storage).map_err(external)?;
+        let props = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(written_schema()),
+            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(ParquetPartsExec {
+            input,
+            write,
+            dir,
+            props,
+        })
+    }
+
+    /// What the node writes.
+    pub fn write(&self) -> &PartsWrite {
+        &self.write
+    }
+
+    /// The rows it writes.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+}
+
+fn external(e: Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+impl DisplayAs for ParquetPartsExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "ParquetPartsExec: dir={}, batch={}",
+            self.dir, self.write.batch_id
+        )
+    }
+}
+
+impl ExecutionPlan for ParquetPartsExec {
+    fn name(&self) -> &str {
+        "ParquetPartsExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(
+            &Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+        ) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion>,
+    ) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    }
+
+    /// More partitions would only mean more, smaller files.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children)
+            .map_err(|_| DataFusionError::Internal("ParquetPartsExec takes one input".into()))?;
+        Ok(Arc::new(ParquetPartsExec::try_new(
+            input,
+            self.write.clone(),
+        )?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let mut input = self.input.execute(partition, context)?;
+        let schema = self.input.schema();
+        let staging = self.dir.join(STAGING);
+        let write = self.write.clone();
+        let run = uuid::Uuid::new_v4();
+        let out = async move {
+            staging.create_dir().await.map_err(external)?;
+            let mut chunks = Chunker::new(write.target_rows_per_file);
+            let (mut names, mut counts) = (Vec::new(), Vec::new());
+            let mut put = async |part: Vec<RecordBatch>| -> DfResult<()> {
+                let name = staged_name(write.batch_id, &run, names.len());
+                counts.push(rows_of(&part) as u64);
+                put_encoded(
+                    &staging,
+                    &name,
+                    &schema,
+                    part,
+                    write.compression,
+                    write.batch_id,
+                )
+                .await
+                .map_err(external)?;
+                names.push(name);
+                Ok(())
+            };
+            while let Some(batch) = input.next().await {
+                for part in chunks.push(&batch?) {
+                    put(part).await?;
+                }
+            }
+            if let Some(part) = chunks.finish() {
+                put(part).await?;
+            }
+            RecordBatch::try_new(
+                written_schema(),
+                vec![
+                    Arc::new(StringArray::from(names)),
+                    Arc::new(UInt64Array::from(counts)),
+                ],
+            )
+            .map_err(DataFusionError::from)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            written_schema(),
+            futures::stream::once(out),
+        )))
+    }
+}
+
+/// The logical form of a write on the workers: [`WriteNode`] over the batch's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct WriteNode {
+    input: LogicalPlan,
+    write: PartsWrite,
+    schema: DFSchemaRef,
+}
+
+impl WriteNode {
+    pub(crate) fn new(input: LogicalPlan, write: PartsWrite) -> DfResult<Self> {
+        let schema = Arc::new(DFSchema::try_from(written_schema())?);
+        Ok(WriteNode {
+            input,
+            write,
+            schema,
+        })
+    }
+}
+
+impl PartialOrd for WriteNode {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        (self == other).then_some(Ordering::Equal)
+    }
+}
+
+impl UserDefinedLogicalNodeCore for WriteNode {
+    fn name(&self) -> &str {
+        "WriteParquetParts"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "WriteParquetParts: batch {}", self.write.batch_id)
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
+        let [input] = <[_; 1]>::try_from(inputs)
+            .map_err(|_| DataFusionError::Internal("WriteParquetParts takes one input".into()))?;
+        Ok(WriteNode {
+            input,
+            ..self.clone()
+        })
+    }
+}
+
+/// Plans [`WriteNode`]s as [`ParquetPartsExec`]s (part of weir's query planner).
+#[derive(Debug)]
+pub(crate) struct WritePlanner;
+
+#[async_trait]
+impl ExtensionPlanner for WritePlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _session: &dyn Session,
+        _planning_ctx: &PhysicalPlanningContext,
+    ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<WriteNode>() else {
+            return Ok(None);
+        };
+        let [input] = physical_inputs else {
+            return Err(DataFusionError::Internal(
+                "WriteParquetParts takes one input".into(),
+            ));
+        };
+        Ok(Some(Arc::new(ParquetPartsExec::try_new(
+            Arc::clone(input),
+            node.write.clone(),
+        )?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_names_say_their_batch() {
+        let run = uuid::Uuid::new_v4();
+        let name = staged_name(42, &run, 3);
+        assert_eq!(staged_batch(&name), Some(42));
+        assert_eq!(staged_batch("batch-0000000007-x-00000.parquet"), Some(7));
+        assert_eq!(staged_batch("other.parquet"), None);
+        assert_eq!(staged_batch("batch-12-short.parquet"), None);
+    }
+}
