@@ -309,7 +309,7 @@ async fn run_worker(listen: &str, token: Option<&str>) -> Result<()> {
         }
     );
     let mut signals = Signals::new()?;
-    weir_cluster::worker::serve(listener, token, weir::config::SCANS, async move {
+    weir_cluster::worker::serve(listener, token, weir::config::NODES, async move {
         let why = signals.next().await;
         eprintln!("weir worker: {why}: stopping");
     })

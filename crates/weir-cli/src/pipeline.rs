@@ -393,7 +393,7 @@ impl Pipeline {
     pub(crate) fn session(&self) -> Result<WeirSession> {
         let session = self.local_session()?;
         Ok(match &self.cluster {
-            Some(c) => session.cluster(Arc::new(WeirCluster::new(c, weir::config::SCANS)?)),
+            Some(c) => session.cluster(Arc::new(WeirCluster::new(c, weir::config::NODES)?)),
             None => session,
         })
     }

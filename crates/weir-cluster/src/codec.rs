@@ -2,8 +2,8 @@
 //! plan with datafusion-proto; nodes it does not know go through this codec, registered on
 //! the driver's session and on every worker's.
 //!
-//! The nodes are the Parquet sink's write on the workers ([`ParquetPartsExec`], its
-//! settings as JSON), the top-one rule's newest row per key ([`TopOnePerKeyExec`], its keys and
+//! The nodes are the sinks' writes on the workers ([`weir_core::sink::WorkerWrite`]s of
+//! the kinds the binary lists: Parquet parts, Delta data files), the top-one rule's newest row per key ([`TopOnePerKeyExec`], its keys and
 //! order as datafusion-proto's sort expressions) and the sources' scans of a batch's recorded input ([`WorkerScan`]s: the
 //! files of `sources/<i>/N`, the Kafka ranges of `offsets/N`), of the kinds the binary
 //! lists ([`ScanKind`]). Each goes as its kind's name, the schema it decodes with (as
@@ -23,8 +23,8 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use prost::Message;
 use weir_core::engine::top_one::TopOnePerKeyExec;
-use weir_core::sink::{PARQUET_PARTS, ParquetPartsExec, PartsWrite};
-use weir_core::source::leaf::{ScanKind, find_scan};
+use weir_core::sink::{PlanNodes, find_write};
+use weir_core::source::leaf::find_scan;
 
 /// A weir node on the wire.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -48,23 +48,23 @@ struct WeirNodeProto {
 /// The newest row per key ([`TopOnePerKeyExec`]), run after the shuffle by key.
 const TOP_ONE: &str = "weir.TopOnePerKey.v1";
 
-/// The scans a driver or worker knows, in the order the binary lists them.
-pub type ScanKinds = &'static [&'static ScanKind];
-
-/// The codec for weir's nodes: the scans of `kinds`.
+/// The codec for weir's nodes: the scans and writes of `nodes`.
 #[derive(Debug, Clone, Copy)]
 pub struct WeirCodec {
-    kinds: ScanKinds,
+    nodes: PlanNodes,
 }
 
 impl WeirCodec {
-    /// A codec for the scans of `kinds`.
-    pub fn new(kinds: ScanKinds) -> WeirCodec {
-        WeirCodec { kinds }
+    /// A codec for the scans and writes of `nodes`.
+    pub fn new(nodes: PlanNodes) -> WeirCodec {
+        WeirCodec { nodes }
     }
 
     fn known(&self) -> String {
-        let names: Vec<&str> = self.kinds.iter().map(|k| k.kind).collect();
+        let scans = self.nodes.scans.iter().map(|k| k.kind);
+        let names: Vec<&str> = scans
+            .chain(self.nodes.writes.iter().map(|k| k.kind))
+            .collect();
         names.join(", ")
     }
 }
@@ -103,21 +103,24 @@ impl PhysicalExtensionCodec for WeirCodec {
                 Arc::new(schema),
             )));
         }
-        if node.kind == PARQUET_PARTS {
+        if let Some(kind) = self.nodes.writes.iter().find(|k| k.kind == node.kind) {
             let [input] = inputs else {
                 return Err(DataFusionError::Internal(format!(
-                    "{PARQUET_PARTS} takes one input, {} given",
+                    "{} takes one input, {} given",
+                    node.kind,
                     inputs.len()
                 )));
             };
-            let write: PartsWrite = serde_json::from_str(&node.body)
-                .map_err(|e| DataFusionError::Internal(format!("decoding {PARQUET_PARTS}: {e}")))?;
-            return Ok(Arc::new(ParquetPartsExec::try_new(
-                Arc::clone(input),
-                write,
-            )?));
+            let schema: Schema = node
+                .schema
+                .as_ref()
+                .ok_or_else(|| {
+                    DataFusionError::Internal(format!("{} without a schema", node.kind))
+                })?
+                .try_into()?;
+            return (kind.decode)(Arc::clone(input), Arc::new(schema), &node.body);
         }
-        let Some(kind) = self.kinds.iter().find(|k| k.kind == node.kind) else {
+        let Some(kind) = self.nodes.scans.iter().find(|k| k.kind == node.kind) else {
             return Err(DataFusionError::NotImplemented(format!(
                 "plan node '{}' is not known to this worker (weir {}, knows {}): driver and \
                  workers must run the same weir",
@@ -159,12 +162,11 @@ impl PhysicalExtensionCodec for WeirCodec {
                 .encode(buf)
                 .map_err(|e| DataFusionError::Internal(format!("encoding a weir plan node: {e}")));
         }
-        if let Some(parts) = node.downcast_ref::<ParquetPartsExec>() {
-            let body = serde_json::to_string(parts.write())
-                .map_err(|e| DataFusionError::Internal(format!("encoding {PARQUET_PARTS}: {e}")))?;
+        if let Some(write) = find_write(self.nodes.writes, &node) {
+            let (schema, body) = write.encode()?;
             let proto = WeirNodeProto {
-                kind: PARQUET_PARTS.into(),
-                schema: None,
+                kind: write.kind().into(),
+                schema: Some(schema.as_ref().try_into()?),
                 body,
                 keys: Vec::new(),
                 order: Vec::new(),
@@ -173,10 +175,9 @@ impl PhysicalExtensionCodec for WeirCodec {
                 .encode(buf)
                 .map_err(|e| DataFusionError::Internal(format!("encoding a weir plan node: {e}")));
         }
-        let Some(scan) = find_scan(self.kinds, &node) else {
+        let Some(scan) = find_scan(self.nodes.scans, &node) else {
             return Err(DataFusionError::NotImplemented(format!(
-                "{} cannot be sent to a worker: weir's codec knows {TOP_ONE}, {PARQUET_PARTS} \
-                 and {} only",
+                "{} cannot be sent to a worker: weir's codec knows {TOP_ONE} and {} only",
                 node.name(),
                 self.known()
             )));
@@ -202,6 +203,7 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field};
     use datafusion::prelude::SessionContext;
     use datafusion_proto::physical_plan::DefaultPhysicalProtoConverter;
+    use weir_core::sink::PlanNodes;
     use weir_core::source::file::{FileEntry, FilesScan, RECORDED_FILES, RecordedFilesExec};
     use weir_core::{BadRecordMode, FileFormat};
 
@@ -236,7 +238,10 @@ mod tests {
         let exec = Arc::new(RecordedFilesExec::try_new(scan.clone(), schema.clone()).unwrap());
         let mut buf = Vec::new();
         let conv = DefaultPhysicalProtoConverter {};
-        let codec = WeirCodec::new(&[&RECORDED_FILES]);
+        let codec = WeirCodec::new(PlanNodes {
+            scans: &[&RECORDED_FILES],
+            writes: &[],
+        });
         codec.try_encode(exec.clone(), &mut buf, &conv).unwrap();
         let ctx = SessionContext::new();
         let back = codec.try_decode(&buf, &[], &ctx.task_ctx(), &conv).unwrap();
@@ -254,7 +259,10 @@ mod tests {
             "{e}"
         );
         // A kind the worker does not know is refused, naming it and the known ones.
-        let none = WeirCodec::new(&[]);
+        let none = WeirCodec::new(PlanNodes {
+            scans: &[],
+            writes: &[],
+        });
         let e = none
             .try_decode(&buf, &[], &ctx.task_ctx(), &conv)
             .unwrap_err();

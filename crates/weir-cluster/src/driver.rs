@@ -40,7 +40,12 @@ use weir_core::engine::{Cluster, ClusterRun, WorkerTasks};
 use weir_core::error::error_chain;
 use weir_core::source::leaf::find_scan;
 
-use crate::codec::{ScanKinds, WeirCodec};
+use weir_core::sink::PlanNodes;
+
+use crate::codec::WeirCodec;
+
+/// The scans a driver knows, in the order the binary lists them.
+type ScanKinds = &'static [&'static weir_core::source::leaf::ScanKind];
 use crate::config::ClusterConfig;
 use crate::{Error, Result, TOKEN_HEADER, VERSION, VERSION_HEADER};
 
@@ -54,14 +59,14 @@ pub struct WeirCluster {
     live: Arc<RwLock<Vec<Url>>>,
     /// The worker of each scan task of the plan that ran last.
     scan_routes: Arc<Mutex<Vec<Url>>>,
-    /// The scans the codec carries.
-    kinds: ScanKinds,
+    /// The scans and writes the codec carries.
+    nodes: PlanNodes,
 }
 
 impl WeirCluster {
     /// The cluster of `config`, checked but not yet contacted; its plans carry the scans
-    /// of `kinds`.
-    pub fn new(config: &ClusterConfig, kinds: ScanKinds) -> Result<WeirCluster> {
+    /// and writes of `nodes`.
+    pub fn new(config: &ClusterConfig, nodes: PlanNodes) -> Result<WeirCluster> {
         let configured = config.urls()?;
         Ok(WeirCluster {
             configured,
@@ -73,7 +78,7 @@ impl WeirCluster {
             )?,
             live: Arc::new(RwLock::new(Vec::new())),
             scan_routes: Arc::new(Mutex::new(Vec::new())),
-            kinds,
+            nodes,
         })
     }
 
@@ -184,12 +189,12 @@ impl Cluster for WeirCluster {
         let live = self.live.clone();
         let routes = self.scan_routes.clone();
         let turn = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let kinds = self.kinds;
+        let kinds = self.nodes.scans;
         builder
             .with_distributed_worker_resolver(LiveWorkers(self.live.clone()))
             .with_distributed_channel_resolver(self.channels.clone())
             .with_distributed_planner()
-            .with_distributed_user_codec(WeirCodec::new(kinds))
+            .with_distributed_user_codec(WeirCodec::new(self.nodes))
             .with_distributed_desired_task_count_handler(move |ev: DesiredTaskCountEvent<'_>| {
                 task_count(kinds, ev)
             })
@@ -269,7 +274,7 @@ impl Cluster for WeirCluster {
             rewrite_distributed_plan_with_metrics(plan, DistributedMetricsFormat::PerTask)
                 .await
                 .map_err(|e| failed("collecting the workers' metrics", e))?;
-        let per_task = scan_rows_per_task(self.kinds, &with_metrics);
+        let per_task = scan_rows_per_task(self.nodes.scans, &with_metrics);
         let routes = self
             .scan_routes
             .lock()

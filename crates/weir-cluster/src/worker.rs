@@ -17,7 +17,9 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Status};
 
-use crate::codec::{ScanKinds, WeirCodec};
+use weir_core::sink::PlanNodes;
+
+use crate::codec::WeirCodec;
 use crate::driver::Channels;
 use crate::{Error, Result, TOKEN_HEADER, VERSION, VERSION_HEADER};
 
@@ -105,11 +107,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Serves a worker on `listener` until `shutdown` resolves; it reads the scans of `kinds`.
+/// Serves a worker on `listener` until `shutdown` resolves; it runs the scans and writes of
+/// `nodes`.
 pub async fn serve(
     listener: TcpListener,
     token: Option<String>,
-    kinds: ScanKinds,
+    nodes: PlanNodes,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let addr = listener
@@ -123,7 +126,7 @@ pub async fn serve(
     )?;
     let session = WeirWorkerSession {
         channels,
-        codec: WeirCodec::new(kinds),
+        codec: WeirCodec::new(nodes),
     };
     let worker = Worker::from_session_builder(session).with_version(VERSION);
     let service = InterceptedService::new(worker.into_worker_server(), Gate::new(token));

@@ -69,7 +69,7 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
     let cluster = spec
         .cluster
         .as_ref()
-        .map(|c| WeirCluster::new(c, weir::config::SCANS).map(Arc::new))
+        .map(|c| WeirCluster::new(c, weir::config::NODES).map(Arc::new))
         .transpose()
         .map_err(|e| bad(e.to_string()))?;
     let env = BuildEnv {

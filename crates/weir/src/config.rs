@@ -16,6 +16,7 @@ use weir_core::connector::{
     BuildEnv, FilesConfig, ParquetConfig, RateConfig, SinkConnector, SinkHarness, SinkSpec,
     SourceConnector, SourceHarness, SourceSpec,
 };
+use weir_core::sink::{PlanNodes, WriteKind};
 use weir_core::source::leaf::ScanKind;
 use weir_core::{Result, StreamingDataFrame, WeirSession};
 use weir_delta::{DeltaAppendConfig, DeltaMergeConfig};
@@ -44,6 +45,16 @@ pub const SCANS: &[&ScanKind] = &[
     &weir_core::source::file::RECORDED_FILES,
     &weir_kafka::KAFKA_RANGES,
 ];
+
+/// Every write a sink makes on a cluster's workers (sinks whose `writes_on_workers` is
+/// true).
+pub const WRITES: &[&WriteKind] = &[&weir_core::sink::PARQUET_PARTS];
+
+/// The scans and writes the driver's codec and every worker's carry.
+pub const NODES: PlanNodes = PlanNodes {
+    scans: SCANS,
+    writes: WRITES,
+};
 
 /// A registry entry: the connector type `C`, erased.
 pub struct Kind<C>(PhantomData<fn() -> C>);

@@ -15,6 +15,7 @@ mod parquet_encode;
 mod parquet_parts;
 pub mod recorded;
 pub mod upsert;
+mod worker_write;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,9 +33,13 @@ pub use context::{BatchContext, CACHE_DURATION_KEY, QueryIdentity, SinkMetric, S
 pub(crate) use parquet::OWNER;
 pub use parquet::{PARQUET_BETWEEN_MOVES, PARQUET_POINTS, ParquetSink};
 pub use parquet_encode::ParquetCompression;
-pub(crate) use parquet_parts::WritePlanner;
-pub use parquet_parts::{PARQUET_PARTS, ParquetPartsExec, PartsWrite, written_schema};
+pub use parquet_parts::{PARQUET_PARTS, ParquetPartsExec, PartsWrite};
 pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
+pub(crate) use worker_write::WritePlanner;
+pub use worker_write::{
+    DecodeWrite, PlanNodes, WorkerWrite, WriteKind, WritePlan, find_write, on_workers,
+    written_batch, written_rows, written_schema,
+};
 
 /// The user's function: called once per attempt of a batch, on one task, batches in order.
 ///

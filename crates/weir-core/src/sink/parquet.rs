@@ -22,14 +22,16 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::logical_expr::{Extension, LogicalPlan};
 use datafusion::prelude::DataFrame;
 use futures::StreamExt;
 use tokio::sync::OnceCell;
 
 use super::parquet_dictionary::rows_of;
 use super::parquet_encode::{Chunker, ParquetCompression, put_encoded};
-use super::parquet_parts::{PartsWrite, STAGING, WriteNode, clear_staging, parts_written};
+use super::parquet_parts::{
+    PartsPlan, PartsWrite, STAGING, StagedPart, clear_staging, parts_written,
+};
+use super::worker_write::on_workers;
 use super::{BatchContext, ForeachBatch, PlanRunner};
 use crate::error::{BoxError, Error, Result};
 use crate::fault;
@@ -200,7 +202,7 @@ impl ParquetSink {
 
     /// The batch's plan `df` with its write on top, for a cluster's workers (see
     /// [`super::ParquetPartsExec`]): its output is what the tasks staged.
-    fn plan_on_workers(&self, df: DataFrame, batch_id: u64) -> Result<DataFrame> {
+    fn plan_on_workers(&self, df: DataFrame, batch_id: u64) -> DataFrame {
         let write = PartsWrite {
             dir: self.dir.url_string(),
             storage: self.dir.options().as_map().clone(),
@@ -208,16 +210,7 @@ impl ParquetSink {
             compression: self.compression,
             target_rows_per_file: self.target_rows_per_file,
         };
-        let (state, plan) = df.into_parts();
-        let node = WriteNode::new(plan, write).map_err(|e| {
-            Error::datafusion(format!("batch {batch_id}: planning the Parquet write"), e)
-        })?;
-        Ok(DataFrame::new(
-            state,
-            LogicalPlan::Extension(Extension {
-                node: Arc::new(node),
-            }),
-        ))
+        on_workers(df, Arc::new(PartsPlan(write)))
     }
 
     /// Commits what the tasks of batch `ctx.batch_id` staged (`written`, the write plan's
@@ -227,7 +220,7 @@ impl ParquetSink {
         let batch_id = ctx.batch_id;
         let parts = parts_written(written)?;
         fault::hit(POINT_BEFORE_WRITE, batch_id)?;
-        for (i, (staged, _)) in parts.iter().enumerate() {
+        for (i, StagedPart { file: staged, .. }) in parts.iter().enumerate() {
             if i == 1 {
                 fault::hit(PARQUET_BETWEEN_MOVES, batch_id)?;
             }
@@ -243,7 +236,7 @@ impl ParquetSink {
         }
         clear_staging(&self.dir, batch_id).await?;
         fault::hit(POINT_AFTER_WRITE, batch_id)?;
-        Ok(parts.iter().map(|(_, rows)| rows).sum())
+        Ok(parts.iter().map(|p| p.rows).sum())
     }
 
     /// Removes parts of `batch_id` numbered `from` and up, left by an earlier attempt that
@@ -293,7 +286,7 @@ impl ForeachBatch for ParquetSink {
         run: &dyn PlanRunner,
     ) -> Result<(), BoxError> {
         self.check_owner(ctx.query_id, ctx.batch_id).await?;
-        let plan = self.plan_on_workers(batch, ctx.batch_id)?;
+        let plan = self.plan_on_workers(batch, ctx.batch_id);
         let written = run.run(plan).await?;
         let rows = self.commit_staged(&written, &ctx).await?;
         ctx.metrics.add_output_rows(rows);

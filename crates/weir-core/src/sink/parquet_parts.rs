@@ -1,11 +1,11 @@
 //! The Parquet sink on a cluster: each task writes its rows where it runs; the driver
 //! commits the batch once. The rows never come to the driver.
 //!
-//! 1. The batch's plan gets a [`ParquetPartsExec`] on top (a [`WriteNode`] that weir's
-//!    query planner turns into it), inside the stage the workers run. Each partition of
+//! 1. The batch's plan gets a [`ParquetPartsExec`] on top (a
+//!    [`WorkerWrite`](super::WorkerWrite)), inside the stage the workers run. Each partition of
 //!    each task writes its rows as parts of `target_rows_per_file` rows, named
-//!    `_weir_staging/batch-<N>-<random>-<k>.parquet`, and outputs one row per part: the
-//!    name and the rows. Readers do not list staging: Spark, pyarrow and weir's file source
+//!    `_weir_staging/batch-<N>-<random>-<k>.parquet`, and outputs one row per part: its
+//!    name and rows, as JSON. Readers do not list staging: Spark, pyarrow and weir's file source
 //!    skip `_`-prefixed folders.
 //! 2. After an attempt whose every task succeeded, the driver moves the parts into place as
 //!    `batch-<N>-part-<P>.parquet` in name order (a rename locally, a server-side copy on an
@@ -18,41 +18,33 @@
 //! | the driver dies before or during the moves | some parts of N in place, the rest staged | the replay writes and moves every part of N again, then removes higher numbers |
 //! | a cut-off worker writes after its attempt failed | a staged part no commit lists | deleted by the next batch's commit |
 
-use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use datafusion::arrow::array::{Array, RecordBatch, StringArray, UInt64Array};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::catalog::Session;
-use datafusion::common::{DFSchema, DFSchemaRef, DataFusionError, Result as DfResult};
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
-use datafusion::logical_expr::{
-    Expr, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
-};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
-use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::parquet_dictionary::rows_of;
 use super::parquet_encode::{Chunker, ParquetCompression, put_encoded};
+use super::worker_write::{
+    WorkerWrite, WriteKind, WritePlan, written_batch, written_rows, written_schema,
+};
 use crate::error::{Error, Result};
 use crate::storage::{Location, StorageOptions, temp_target};
 
 /// The folder, inside the sink's, where tasks write before the driver's commit.
 pub(crate) const STAGING: &str = "_weir_staging";
-
-/// The node's name on the wire.
-pub const PARQUET_PARTS: &str = "weir.ParquetParts.v1";
 
 /// What the tasks of one batch's write need: plain data, sent to the workers with the plan.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -67,12 +59,11 @@ pub struct PartsWrite {
     pub target_rows_per_file: usize,
 }
 
-/// The output of a write: one row per part written.
-pub fn written_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("file", DataType::Utf8, false),
-        Field::new("rows", DataType::UInt64, false),
-    ]))
+/// One part a task staged: a row of the write's output.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub(super) struct StagedPart {
+    pub file: String,
+    pub rows: u64,
 }
 
 /// The staged name of part `k` of one partition's write of batch `batch_id`.
@@ -86,28 +77,16 @@ fn staged_batch(name: &str) -> Option<u64> {
     name.strip_prefix("batch-")?.get(..10)?.parse().ok()
 }
 
-/// The parts the tasks reported, as (staged name, rows), in name order.
-pub(super) fn parts_written(out: &[RecordBatch]) -> Result<Vec<(String, u64)>> {
-    let bad = |what: &str| Error::Internal {
-        what: format!("the Parquet write's output: {what}"),
-    };
-    let mut parts = Vec::new();
-    for b in out {
-        let files = b
-            .column_by_name("file")
-            .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-            .ok_or_else(|| bad("no `file` column"))?;
-        let rows = b
-            .column_by_name("rows")
-            .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
-            .ok_or_else(|| bad("no `rows` column"))?;
-        if files.null_count() > 0 || rows.null_count() > 0 {
-            return Err(bad("a null"));
-        }
-        for i in 0..b.num_rows() {
-            parts.push((files.value(i).to_string(), rows.value(i)));
-        }
-    }
+/// The parts the tasks reported, in name order.
+pub(super) fn parts_written(out: &[RecordBatch]) -> Result<Vec<StagedPart>> {
+    let mut parts = written_rows(out)?
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<StagedPart>(r).map_err(|e| Error::Internal {
+                what: format!("a staged part's description `{r}`: {e}"),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     parts.sort();
     Ok(parts)
 }
@@ -257,14 +236,13 @@ impl ExecutionPlan for ParquetPartsExec {
             if let Some(part) = chunks.finish() {
                 put(part).await?;
             }
-            RecordBatch::try_new(
-                written_schema(),
-                vec![
-                    Arc::new(StringArray::from(names)),
-                    Arc::new(UInt64Array::from(counts)),
-                ],
-            )
-            .map_err(DataFusionError::from)
+            let rows = names
+                .into_iter()
+                .zip(counts)
+                .map(|(file, rows)| serde_json::to_string(&StagedPart { file, rows }))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            written_batch(rows)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             written_schema(),
@@ -273,89 +251,46 @@ impl ExecutionPlan for ParquetPartsExec {
     }
 }
 
-/// The logical form of a write on the workers: [`WriteNode`] over the batch's plan.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct WriteNode {
-    input: LogicalPlan,
-    write: PartsWrite,
-    schema: DFSchemaRef,
-}
+impl WorkerWrite for ParquetPartsExec {
+    fn kind(&self) -> &'static str {
+        PARQUET_PARTS.kind
+    }
 
-impl WriteNode {
-    pub(crate) fn new(input: LogicalPlan, write: PartsWrite) -> DfResult<Self> {
-        let schema = Arc::new(DFSchema::try_from(written_schema())?);
-        Ok(WriteNode {
-            input,
-            write,
-            schema,
-        })
+    fn encode(&self) -> DfResult<(SchemaRef, String)> {
+        let body = serde_json::to_string(&self.write)
+            .map_err(|e| DataFusionError::Internal(format!("encoding {}: {e}", self.kind())))?;
+        Ok((written_schema(), body))
     }
 }
 
-impl PartialOrd for WriteNode {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        (self == other).then_some(Ordering::Equal)
-    }
-}
+/// The Parquet sink's write on the wire.
+pub const PARQUET_PARTS: WriteKind = WriteKind {
+    kind: "weir.ParquetParts.v1",
+    find: |node| {
+        node.downcast_ref::<ParquetPartsExec>()
+            .map(|w| w as &dyn WorkerWrite)
+    },
+    decode: |input, _schema, body| {
+        let write: PartsWrite = serde_json::from_str(body)
+            .map_err(|e| DataFusionError::Internal(format!("decoding a Parquet write: {e}")))?;
+        Ok(Arc::new(ParquetPartsExec::try_new(input, write)?))
+    },
+};
 
-impl UserDefinedLogicalNodeCore for WriteNode {
-    fn name(&self) -> &str {
-        "WriteParquetParts"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![&self.input]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
-
-    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "WriteParquetParts: batch {}", self.write.batch_id)
-    }
-
-    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
-        let [input] = <[_; 1]>::try_from(inputs)
-            .map_err(|_| DataFusionError::Internal("WriteParquetParts takes one input".into()))?;
-        Ok(WriteNode {
-            input,
-            ..self.clone()
-        })
-    }
-}
-
-/// Plans [`WriteNode`]s as [`ParquetPartsExec`]s (part of weir's query planner).
+/// How the sink puts its write on a batch's plan.
 #[derive(Debug)]
-pub(crate) struct WritePlanner;
+pub(super) struct PartsPlan(pub PartsWrite);
 
-#[async_trait]
-impl ExtensionPlanner for WritePlanner {
-    async fn plan_extension(
-        &self,
-        _planner: &dyn PhysicalPlanner,
-        node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
-        physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn Session,
-        _planning_ctx: &PhysicalPlanningContext,
-    ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
-        let Some(node) = node.as_any().downcast_ref::<WriteNode>() else {
-            return Ok(None);
-        };
-        let [input] = physical_inputs else {
-            return Err(DataFusionError::Internal(
-                "WriteParquetParts takes one input".into(),
-            ));
-        };
-        Ok(Some(Arc::new(ParquetPartsExec::try_new(
-            Arc::clone(input),
-            node.write.clone(),
-        )?)))
+impl WritePlan for PartsPlan {
+    fn describe(&self) -> String {
+        format!(
+            "Parquet parts of batch {} in {}",
+            self.0.batch_id, self.0.dir
+        )
+    }
+
+    fn plan(&self, input: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(ParquetPartsExec::try_new(input, self.0.clone())?))
     }
 }
 
