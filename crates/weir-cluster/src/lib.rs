@@ -18,8 +18,12 @@
 //!   checked again before every attempt ([`driver::WeirCluster`]), so one that comes back
 //!   joins at the next attempt or batch.
 //!
-//! Not distributed yet: stateful steps (refused on a cluster) and the sinks' writes (the
-//! driver writes what the workers computed).
+//! - **Writes**: a sink that writes on the workers (Parquet, alone) puts a
+//!   [`weir_core::sink::WorkerWrite`] on top of the plan; each task writes its rows and the
+//!   driver commits what they wrote, once.
+//!
+//! Not distributed yet: stateful steps (refused on a cluster) and the other sinks' writes
+//! (the driver writes what the workers computed).
 
 pub mod codec;
 pub mod config;

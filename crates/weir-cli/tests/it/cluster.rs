@@ -415,6 +415,88 @@ async fn the_driver_killed_at_its_fault_points_replays_on_the_workers_exactly() 
     }
 }
 
+/// The input and the Parquet folder on the S3 server, three workers: the workers write the
+/// parts to S3 and the driver copies them into place. Killed after the first of a batch's
+/// moves and after all of them, run again: every row once, staging empty.
+#[tokio::test]
+async fn parquet_parts_written_by_workers_to_s3_land_once_after_kills_between_moves() {
+    use weir_core::connector::{QueryIdentity, SinkVerifier, compare_append};
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let root = crate::storage::s3_location(&format!("weir-cluster/{id}"));
+    let local_in = dir.path().join("in");
+    gen_orders(&local_in, 8, 300, 100);
+    crate::storage::upload_orders(&local_in, &root.join("in")).await;
+    let urls: Vec<String> = ws.iter().map(|w| format!("\"{}\"", w.url)).collect();
+    let text = format!(
+        r#"[query]
+name = "parts-on-s3"
+checkpoint = "{chk}"
+
+[storage]
+{storage}
+[source]
+type = "files"
+path = "{input}"
+format = "json"
+schema = {SCHEMA}
+max-files-per-trigger = 3
+
+[[sink]]
+type = "parquet"
+path = "{parquet}"
+
+[cluster]
+workers = [{workers}]
+connect-timeout = "2s"
+"#,
+        chk = dir.path().join("chk").display(),
+        storage = crate::storage::storage_table(&weir_testkit::s3().options()),
+        input = root.join("in").url_string(),
+        parquet = root.join("parquet").url_string(),
+        workers = urls.join(", "),
+    );
+    let p = dir.path().join("s3.toml");
+    std::fs::write(&p, &text).unwrap();
+    for fault in [
+        format!("{PARQUET_BETWEEN_MOVES}@1"),
+        format!("{}@2", PARQUET_POINTS[1]),
+    ] {
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], Some(&fault));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{fault}: {err}");
+    }
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let schema = crate::orders_schema();
+    let input = crate::input_batches(&local_in).await;
+    let parquet = weir_core::connector::ParquetReader {
+        dir: root.join("parquet"),
+    };
+    let got = parquet.rows(&schema).await.unwrap();
+    let mut all = compare_append("parquet", &got, &input, &schema).unwrap();
+    let cp = weir_core::checkpoint::Checkpoint::inspect(dir.path().join("chk").into())
+        .await
+        .unwrap()
+        .unwrap();
+    let query = QueryIdentity::of(&cp, "parts-on-s3");
+    all.merge(parquet.check_bookkeeping(&query, 3).await.unwrap());
+    assert!(all.mismatches.is_empty(), "{:?}", all.mismatches);
+    assert_eq!(all.rows, 2400);
+    let staged = root
+        .join("parquet")
+        .join("_weir_staging")
+        .list_names()
+        .await
+        .unwrap();
+    assert!(staged.is_empty(), "{staged:?}");
+}
+
 #[tokio::test]
 async fn workers_that_cannot_take_the_plan_are_refused_before_batch_0_naming_them() {
     let w = Worker::start("127.0.0.1:0", Some("right"));

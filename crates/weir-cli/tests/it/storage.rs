@@ -6,7 +6,7 @@ use weir_testkit::{azurite, run_weir, s3, temp_dir};
 
 use crate::{SCHEMA, bin, gen_orders};
 
-fn s3_location(path: &str) -> Location {
+pub(crate) fn s3_location(path: &str) -> Location {
     let s = s3();
     let bucket = path.split('/').next().unwrap();
     s.bucket(bucket);
@@ -145,7 +145,7 @@ fn an_unsupported_url_scheme_is_refused_before_anything_is_written() {
 }
 
 /// Writes generated order files into `input`, an object-store folder.
-async fn upload_orders(local: &std::path::Path, input: &Location) {
+pub(crate) async fn upload_orders(local: &std::path::Path, input: &Location) {
     let mut names: Vec<_> = std::fs::read_dir(local)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -160,7 +160,7 @@ async fn upload_orders(local: &std::path::Path, input: &Location) {
     }
 }
 
-fn storage_table(options: &std::collections::BTreeMap<String, String>) -> String {
+pub(crate) fn storage_table(options: &std::collections::BTreeMap<String, String>) -> String {
     options
         .iter()
         .map(|(k, v)| format!("{k} = \"{v}\"\n"))
