@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU and bytes of one pipeline with N `weir worker`s on this machine (N = 0: no [cluster]).
 # Prints one line: driver CPU per batch, worker CPU per input row, bytes the workers sent
-# per row (their write() bytes: the Flight streams; they write no files).
+# per row (their write() bytes less the Parquet parts they wrote: the Flight streams).
 #
 #   weir gen --dir /tmp/in --files 60 --rows-per-file 20000 --keys 100000 \
 #     [--kafka 127.0.0.1:9092 --topic orders --partitions 6]
@@ -71,11 +71,12 @@ for p in ${PIDS[@]+"${PIDS[@]}"}; do
   WOUT=$((WOUT + w1 - w0)); WIN=$((WIN + r1 - r0))
   kill $p
 done
+OUT=$(find out -maxdepth 1 -name '*.parquet' -printf '%s\n' | awk '{s+=$1} END {print s+0}')
 ROWS=$(python3 -c "import json;print(sum(json.loads(l)['numInputRows'] for l in open('prog.jsonl')))")
 B=$(wc -l < prog.jsonl)
 python3 - <<PY
 rows=$ROWS; b=$B; tck=$TCK
 drv=$U+$S; w=$WCPU/tck
-print(f"workers=$N kind=$KIND batches={b} rows={rows} wall_s=$E driver_cpu_s={drv:.2f} driver_cpu_ms_per_batch={1000*drv/b:.1f} driver_peak_rss_mb={$M/1024:.1f} worker_cpu_s={w:.2f} worker_cpu_us_per_row={1e6*w/rows if $N else 0:.2f} total_cpu_us_per_row={1e6*(drv+w)/rows:.2f} worker_bytes_sent_per_row={$WOUT/rows:.1f} worker_bytes_read_per_row={$WIN/rows:.1f}")
+print(f"workers=$N kind=$KIND batches={b} rows={rows} wall_s=$E driver_cpu_s={drv:.2f} driver_cpu_ms_per_batch={1000*drv/b:.1f} driver_peak_rss_mb={$M/1024:.1f} worker_cpu_s={w:.2f} worker_cpu_us_per_row={1e6*w/rows if $N else 0:.2f} total_cpu_us_per_row={1e6*(drv+w)/rows:.2f} worker_bytes_sent_per_row={max(0, $WOUT - ($OUT if $N else 0))/rows:.1f} worker_bytes_read_per_row={$WIN/rows:.1f} parquet_bytes_per_row={$OUT/rows:.1f}")
 PY
 cd /; rm -rf $D

@@ -222,7 +222,13 @@ async fn three_workers_read_every_file_once_and_each_reports_its_rows() {
     let dir = temp_dir();
     let input = dir.path().join("in");
     gen_orders(&input, 6, 200, 50);
+    // A folder name that is not a plain URL path: `?`, `#` and `%41` are part of it.
+    let out_name = "out?#%41 [ü]";
     let p = cluster_pipeline(dir.path(), &refs(&ws), "", 3);
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("path = \"out\"", &format!("path = \"{out_name}\""));
+    std::fs::write(&p, text).unwrap();
     let progress = dir.path().join("progress.jsonl");
     let last = run_to_end(&p, &progress);
     assert_eq!(progress_batches(&progress), vec![0, 1]);
@@ -251,16 +257,27 @@ async fn three_workers_read_every_file_once_and_each_reports_its_rows() {
             );
         }
     }
-    let got = parquet_rows(&dir.path().join("out"), &COLS).await;
+    // DataFusion's reader takes a URL: it reads the folder under a plain name.
+    let out = dir.path().join("read-back");
+    std::fs::rename(dir.path().join(out_name), &out).unwrap();
+    let got = parquet_rows(&out, &COLS).await;
     assert_eq!(got.len(), 1200);
     assert_eq!(
         got,
         input_rows(&input).await,
         "every input row exactly once"
     );
+    // Nothing was written anywhere else (`out` is where a name cut at `?` would lead, `outA`
+    // where `%41` decoded would).
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("out"))
+        .collect();
+    names.sort();
+    assert_eq!(names, Vec::<String>::new());
     // The workers wrote the parts, at least one per task (one process writes one part per
     // batch), and the driver moved every one of them into place.
-    let out = dir.path().join("out");
     for batch in 0..2 {
         let parts = parts_of(&out, batch);
         assert!(parts >= 3, "batch {batch}: {parts} part(s)");
@@ -495,6 +512,28 @@ connect-timeout = "2s"
         .await
         .unwrap();
     assert!(staged.is_empty(), "{staged:?}");
+}
+
+/// A cluster run killed between the driver's moves, replayed by one process (the
+/// `[cluster]` table removed): the replay clears what the workers staged.
+#[tokio::test]
+async fn a_single_process_replay_clears_what_a_crashed_cluster_run_staged() {
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 6, 100, 50);
+    let p = cluster_pipeline(dir.path(), &refs(&ws), "", 3);
+    let progress = dir.path().join("p1.jsonl");
+    let out = crate::run_with_progress(&p, &progress, Some(&format!("{PARQUET_BETWEEN_MOVES}@1")));
+    assert!(!out.status.success());
+    let out_dir = dir.path().join("out");
+    assert!(!staged(&out_dir).is_empty(), "the kill left staged parts");
+    let text = std::fs::read_to_string(&p).unwrap();
+    std::fs::write(&p, &text[..text.find("[cluster]").unwrap()]).unwrap();
+    run_to_end(&p, &dir.path().join("p2.jsonl"));
+    assert_eq!(staged(&out_dir), Vec::<String>::new());
+    let got = parquet_rows(&out_dir, &COLS).await;
+    assert_eq!(got, input_rows(&input).await, "every row once");
 }
 
 #[tokio::test]

@@ -176,6 +176,8 @@ impl ParquetSink {
         }
         if ctx.is_replay {
             self.remove_stale_parts(batch_id, parts).await?;
+            // What a cluster's run of this query staged before it crashed.
+            clear_staging(&self.dir, batch_id).await?;
         }
         fault::hit(POINT_AFTER_WRITE, batch_id)?;
         Ok(total)
@@ -204,7 +206,9 @@ impl ParquetSink {
     /// [`super::ParquetPartsExec`]): its output is what the tasks staged.
     fn plan_on_workers(&self, df: DataFrame, batch_id: u64) -> DataFrame {
         let write = PartsWrite {
-            dir: self.dir.url_string(),
+            // The URL as parsed (percent-encoded): `?`, `#` or `%41` in a folder's name
+            // stay part of the name on the worker.
+            dir: self.dir.url().to_string(),
             storage: self.dir.options().as_map().clone(),
             batch_id,
             compression: self.compression,
