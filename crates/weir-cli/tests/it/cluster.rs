@@ -514,6 +514,62 @@ connect-timeout = "2s"
     assert!(staged.is_empty(), "{staged:?}");
 }
 
+/// An `ORDER BY` on a cluster is written sorted, as one process writes it: the write keeps
+/// its input's order, so the optimizer keeps the sort under it.
+#[tokio::test]
+async fn an_order_by_on_workers_is_written_sorted() {
+    let ws = Worker::three(None);
+    let sql = "SELECT order_id, status, amount, updated_at FROM batch ORDER BY order_id DESC, \
+               updated_at";
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 6, 300, 1000);
+    let p = sql_pipeline(dir.path(), &refs(&ws), "", 3, sql, true);
+    run_to_end(&p, &dir.path().join("progress.jsonl"));
+    let out = dir.path().join("out");
+    let ctx = weir_core::datafusion::prelude::SessionContext::new();
+    let mut parts = 0;
+    for e in std::fs::read_dir(&out).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_none_or(|x| x != "parquet") {
+            continue;
+        }
+        parts += 1;
+        let df = ctx
+            .read_parquet(
+                path.to_string_lossy().to_string(),
+                weir_core::datafusion::prelude::ParquetReadOptions::default(),
+            )
+            .await
+            .unwrap();
+        let ids: Vec<i64> = df
+            .select_columns(&["order_id"])
+            .unwrap()
+            .collect()
+            .await
+            .unwrap()
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<weir_core::datafusion::arrow::array::Int64Array>()
+                    .unwrap()
+                    .iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(
+            ids.windows(2).all(|w| w[0] >= w[1]),
+            "{} is not in order_id DESC order",
+            path.display()
+        );
+    }
+    assert!(parts >= 2, "{parts} part(s)");
+    let got = parquet_rows(&out, &COLS).await;
+    assert_eq!(got, input_rows(&input).await, "every row once");
+}
+
 /// A cluster run killed between the driver's moves, replayed by one process (the
 /// `[cluster]` table removed): the replay clears what the workers staged.
 #[tokio::test]

@@ -26,7 +26,9 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_expr::{
+    EquivalenceProperties, LexRequirement, OrderingRequirements, Partitioning,
+};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -47,7 +49,7 @@ use crate::storage::{Location, StorageOptions, temp_target};
 pub(crate) const STAGING: &str = "_weir_staging";
 
 /// What the tasks of one batch's write need: plain data, sent to the workers with the plan.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PartsWrite {
     /// The sink's folder, as a URL.
     pub dir: String,
@@ -57,6 +59,19 @@ pub struct PartsWrite {
     pub batch_id: u64,
     pub compression: ParquetCompression,
     pub target_rows_per_file: usize,
+}
+
+/// The settings' values may be secrets: only their keys are shown.
+impl fmt::Debug for PartsWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PartsWrite")
+            .field("dir", &self.dir)
+            .field("storage", &self.storage.keys().collect::<Vec<_>>())
+            .field("batch_id", &self.batch_id)
+            .field("compression", &self.compression)
+            .field("target_rows_per_file", &self.target_rows_per_file)
+            .finish()
+    }
 }
 
 /// One part a task staged: a row of the write's output.
@@ -111,6 +126,8 @@ pub struct ParquetPartsExec {
     input: Arc<dyn ExecutionPlan>,
     write: PartsWrite,
     dir: Location,
+    /// The input's order, kept in the parts.
+    order: Option<LexRequirement>,
     props: Arc<PlanProperties>,
 }
 
@@ -126,10 +143,12 @@ impl ParquetPartsExec {
             EmissionType::Final,
             Boundedness::Bounded,
         ));
+        let order = input.output_ordering().cloned().map(LexRequirement::from);
         Ok(ParquetPartsExec {
             input,
             write,
             dir,
+            order,
             props,
         })
     }
@@ -184,6 +203,17 @@ impl ExecutionPlan for ParquetPartsExec {
     /// More partitions would only mean more, smaller files.
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
         vec![false]
+    }
+
+    /// A part holds its rows in the order they come (an `ORDER BY` is written sorted, as
+    /// one process writes it): the input's order is kept and required, so the optimizer
+    /// does not drop the sort below.
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
+        vec![self.order.clone().map(Into::into)]
     }
 
     fn with_new_children(
@@ -297,6 +327,20 @@ impl WritePlan for PartsPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_values_are_not_shown() {
+        let write = PartsWrite {
+            dir: "s3://b/p/".into(),
+            storage: [("aws_secret_access_key".to_string(), "hunter2".to_string())].into(),
+            batch_id: 1,
+            compression: ParquetCompression::Snappy,
+            target_rows_per_file: 10,
+        };
+        let shown = format!("{write:?}");
+        assert!(shown.contains("aws_secret_access_key"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
 
     #[test]
     fn staged_names_say_their_batch() {
