@@ -180,25 +180,7 @@ impl ForeachBatch for FanOut {
         let [(name, sink)] = &self.sinks[..] else {
             return self.call(batch, ctx).await;
         };
-        let started = std::time::Instant::now();
-        let rows_before = ctx.metrics.output_rows();
-        sink.write_on_workers(batch, ctx.clone(), run)
-            .await
-            .map_err(|source| {
-                Box::new(Error::Sink {
-                    sink: name.clone(),
-                    batch_id: ctx.batch_id,
-                    source,
-                }) as BoxError
-            })?;
-        ctx.metrics
-            .record(name, SinkMetric::DurationMs, started.elapsed().as_millis());
-        let rows_after = ctx.metrics.output_rows();
-        if rows_after != rows_before {
-            ctx.metrics
-                .record(name, SinkMetric::Rows, rows_after - rows_before.max(0));
-        }
-        Ok(())
+        timed_sink(name, &ctx, sink.write_on_workers(batch, ctx.clone(), run)).await
     }
 
     async fn open(&self, query: &crate::sink::QueryIdentity) -> Result<(), BoxError> {
@@ -315,21 +297,38 @@ impl FanOut {
                     return (Err(failed(name, source)), i);
                 }
             }
-            let started = std::time::Instant::now();
-            let rows_before = ctx.metrics.output_rows();
-            if let Err(source) = sink.call(batch.clone(), ctx.clone()).await {
-                return (Err(failed(name, source)), i + 1);
-            }
-            // Where addBatch went, per sink, in the progress report.
-            ctx.metrics
-                .record(name, SinkMetric::DurationMs, started.elapsed().as_millis());
-            // The rows this sink wrote (sinks add to one batch-wide count, one after another).
-            let rows_after = ctx.metrics.output_rows();
-            if rows_after != rows_before {
-                ctx.metrics
-                    .record(name, SinkMetric::Rows, rows_after - rows_before.max(0));
+            if let Err(e) = timed_sink(name, ctx, sink.call(batch.clone(), ctx.clone())).await {
+                return (Err(e), i + 1);
             }
         }
         (Ok(()), self.sinks.len())
     }
+}
+
+/// Runs sink `name`'s write `work` of the batch of `ctx`: its error names the sink, and its
+/// time and the rows it wrote go into the progress report's `sink.metrics` (sinks add to
+/// one batch-wide row count, one after another).
+async fn timed_sink(
+    name: &str,
+    ctx: &BatchContext,
+    work: impl Future<Output = Result<(), BoxError>>,
+) -> Result<(), BoxError> {
+    let started = std::time::Instant::now();
+    let rows_before = ctx.metrics.output_rows();
+    work.await.map_err(|source| {
+        Box::new(Error::Sink {
+            sink: name.to_string(),
+            batch_id: ctx.batch_id,
+            source,
+        }) as BoxError
+    })?;
+    // Where addBatch went, per sink, in the progress report.
+    ctx.metrics
+        .record(name, SinkMetric::DurationMs, started.elapsed().as_millis());
+    let rows_after = ctx.metrics.output_rows();
+    if rows_after != rows_before {
+        ctx.metrics
+            .record(name, SinkMetric::Rows, rows_after - rows_before.max(0));
+    }
+    Ok(())
 }
