@@ -15,8 +15,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
+use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
-use datafusion::prelude::DataFrame;
+use datafusion::prelude::{DataFrame, SessionContext};
 use serde::{Deserialize, Serialize};
 
 use super::transform::Transform;
@@ -130,6 +131,23 @@ impl PlanRunner for OnCluster {
         }
         Ok(run.batches)
     }
+}
+
+/// Runs batch `batch_id`'s plan `df` on `cluster` and holds its output in this process as
+/// the function's input: the held frame, the input rows read and what each worker did.
+pub(crate) async fn run_and_hold(
+    cluster: &Arc<dyn Cluster>,
+    ctx: &SessionContext,
+    df: DataFrame,
+    batch_id: u64,
+) -> Result<(DataFrame, u64, Vec<WorkerTasks>)> {
+    let run = run_on_cluster(cluster, df.clone(), batch_id).await?;
+    let held = MemTable::try_new(df.schema().inner().clone(), vec![run.batches])
+        .map_err(|e| Error::datafusion("holding the cluster's rows", e))?;
+    let df = ctx
+        .read_table(Arc::new(held))
+        .map_err(|e| Error::datafusion("reading the held batch", e))?;
+    Ok((df, run.input_rows, run.workers))
 }
 
 /// Runs a batch's plan on `cluster`: each attempt checks the workers first; a failed

@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
-use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
 use futures::FutureExt;
 use tokio::sync::Mutex;
@@ -34,14 +33,14 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::batch::{self, Ahead, ReadRows, Steps, read_ahead, read_rows};
-use super::cluster::{Cluster, OnCluster, WorkerTasks, run_on_cluster};
+use super::cluster::{Cluster, OnCluster, WorkerTasks, run_and_hold};
 use super::progress::{BehindDetector, Durations, Phase, QueryIdle, QueryListener, QueryStarted};
 use super::query::Shared;
 use super::report::{self, Range, Timing};
 use super::stateful::EventTime;
 use super::step::{Answer, Cursor, Position, Step, next_step, reads_ahead};
 use super::transform::Transform;
-use super::trigger::{Trigger, next_tick};
+use super::trigger::{Trigger, ms, next_tick, wait_until};
 use crate::checkpoint::{Checkpoint, CommitMetadata, OffsetSeq, OffsetSeqMetadata, StartPoint};
 use crate::error::{Error, Result, error_chain, join_text};
 use crate::fault::{self, AFTER_COMMIT_WRITE, AFTER_OFFSETS_WRITE, BEFORE_COMMIT_WRITE};
@@ -549,32 +548,24 @@ impl Runner {
             .await
             .map_err(self.in_batch(id, "applying the transforms"))?;
         durations.since(Phase::QueryPlanning, t);
-        // On a cluster the plan runs on the workers now (reading is part of it); the
-        // function gets its rows, held here.
-        // A sink that writes on the workers gets the plan instead: the rows stay there.
+        // On a cluster the plan runs on the workers now (reading is part of it) and the
+        // function gets its rows, held here; a sink that writes on the workers gets the plan
+        // instead, and the rows stay there.
         let on_workers = match &self.spec.cluster {
             Some(c) if self.spec.sink.writes_on_workers() => Some(OnCluster::new(c.clone(), id)),
             _ => None,
         };
         let (df, rows, cluster) = match &self.spec.cluster {
-            None => (df, rows, None),
-            Some(_) if on_workers.is_some() => (df, rows, None),
-            Some(c) => {
+            Some(c) if on_workers.is_none() => {
                 let t = Instant::now();
-                let run = run_on_cluster(c, df.clone(), id)
+                let (df, read, workers) = run_and_hold(c, ctx, df, id)
                     .await
                     .map_err(self.in_batch(id, "running the batch's plan on the cluster"))?;
-                let schema = df.schema().inner().clone();
-                let held = MemTable::try_new(schema, vec![run.batches])
-                    .map_err(|e| Error::datafusion("holding the batch", e))
-                    .map_err(self.in_batch(id, "holding the cluster's rows"))?;
-                let df = ctx
-                    .read_table(Arc::new(held))
-                    .map_err(|e| Error::datafusion("reading the held batch", e))?;
                 let read_ms = durations.get(Phase::GetBatch) + t.elapsed().as_millis() as u64;
                 durations.set(Phase::GetBatch, read_ms);
-                (df, run.input_rows, Some(run.workers))
+                (df, read, Some(workers))
             }
+            _ => (df, rows, None),
         };
 
         // The next batch is read while this one's function writes (see the module docs).
@@ -696,16 +687,5 @@ impl Runner {
             interval,
             progress,
         );
-    }
-}
-
-fn ms(v: u64) -> Duration {
-    Duration::from_millis(v)
-}
-
-async fn wait_until(deadline: Instant, stop: &mut tokio::sync::watch::Receiver<bool>) {
-    tokio::select! {
-        _ = tokio::time::sleep_until(deadline) => {}
-        _ = stop.wait_for(|s| *s) => {}
     }
 }

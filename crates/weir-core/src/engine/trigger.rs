@@ -114,6 +114,22 @@ pub fn next_tick(origin_ms: u64, now_ms: u64, interval_ms: u64) -> u64 {
     origin_ms + (since / interval_ms + 1) * interval_ms
 }
 
+/// `v` milliseconds.
+pub(super) fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+/// Waits until `deadline`, or until the query is told to stop.
+pub(super) async fn wait_until(
+    deadline: tokio::time::Instant,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) {
+    tokio::select! {
+        _ = tokio::time::sleep_until(deadline) => {}
+        _ = stop.wait_for(|s| *s) => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
