@@ -12,9 +12,10 @@
 # a batch). KIND: `pass` (a filter: every row goes back to the driver), `group` (GROUP BY
 # status: partial aggregates shuffle between workers) or `newest` (the seed's query: the
 # newest row per order_id by a row_number() window, shuffled by order_id).
+# SINK=delta-append in the environment writes a Delta table instead of Parquet parts.
 # Figures in BENCHMARKS-distributed.md.
 set -euo pipefail
-BIN=$(realpath "$1"); INPUT=$2; N=$3; KIND=$4
+BIN=$(realpath "$1"); INPUT=$2; N=$3; KIND=$4; SINK=${SINK:-parquet}
 case $INPUT in
   kafka://*) rest=${INPUT#kafka://}; SOURCE="type = \"kafka\"
 bootstrap-servers = \"${rest%%/*}\"
@@ -53,7 +54,7 @@ schema = ["order_id bigint", "status string", "amount double", "updated_at times
 [transform]
 sql = "$SQL"
 [[sink]]
-type = "parquet"
+type = "$SINK"
 path = "out"
 $CL
 EOT
@@ -71,7 +72,7 @@ for p in ${PIDS[@]+"${PIDS[@]}"}; do
   WOUT=$((WOUT + w1 - w0)); WIN=$((WIN + r1 - r0))
   kill $p
 done
-OUT=$(find out -maxdepth 1 -name '*.parquet' -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+OUT=$(find out -name '*.parquet' -not -path '*/_delta_log/*' -printf '%s\n' | awk '{s+=$1} END {print s+0}')
 ROWS=$(python3 -c "import json;print(sum(json.loads(l)['numInputRows'] for l in open('prog.jsonl')))")
 B=$(wc -l < prog.jsonl)
 python3 - <<PY

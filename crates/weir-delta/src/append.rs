@@ -8,8 +8,10 @@ use async_trait::async_trait;
 use deltalake::DeltaTable;
 use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
+use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::prelude::DataFrame;
+use weir_core::sink::PlanRunner;
 use weir_core::storage::Location;
 use weir_core::{BatchContext, BoxError, ForeachBatch, fault};
 
@@ -18,6 +20,7 @@ use crate::compact::{
     delta_interval,
 };
 use crate::error::DeltaSinkError;
+use crate::on_workers::{self, Placement, placement};
 use crate::table::{Cached, commit_properties, note_version, prepare};
 use crate::{POINT_AFTER_COMMIT, POINT_BEFORE_COMMIT};
 
@@ -38,6 +41,8 @@ pub struct DeltaAppend {
     write: WriteOptions,
     compaction: Compaction,
     table: Arc<Cached>,
+    /// Why batches are written on the driver although a cluster runs them, as last logged.
+    said: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// How a sink writes data files, and the layout and properties of a table it creates.
@@ -69,6 +74,7 @@ impl DeltaAppend {
             write: WriteOptions::default(),
             compaction: Compaction::default(),
             table: Arc::new(Cached::new()),
+            said: Arc::default(),
         }
     }
 
@@ -123,7 +129,14 @@ impl DeltaAppend {
         format!("delta-append {}", self.at)
     }
 
-    async fn append(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), DeltaSinkError> {
+    /// Writes the batch: on the cluster's workers when `run` is given and the table can take
+    /// files written there ([`placement`]), else here.
+    async fn append(
+        &self,
+        batch: DataFrame,
+        ctx: &BatchContext,
+        run: Option<&dyn PlanRunner>,
+    ) -> Result<(), DeltaSinkError> {
         let id = ctx.batch_id;
         let sink = self.label();
         let prepared = prepare(
@@ -138,27 +151,27 @@ impl DeltaAppend {
         let Some(table) = prepared.table else {
             return Ok(());
         };
-        let df_err = |action, source| DeltaSinkError::DataFusion {
-            table: self.at.to_string(),
-            batch_id: id,
-            action,
-            source,
+        let target = run.map(|r| (r, self.where_to_write(&table, &batch)));
+        let (table, rows, bytes) = match target {
+            Some((run, Ok(schema))) => {
+                let files = on_workers::Files {
+                    at: &self.at,
+                    options: &self.write,
+                    app_id: &prepared.app_id,
+                };
+                files.append(table, batch, schema, ctx, run).await?
+            }
+            // Brought here: on a cluster its plan still runs on the workers.
+            Some((run, Err(()))) => {
+                self.append_here(table, batch, Some(run), &prepared.app_id, ctx)
+                    .await?
+            }
+            None => {
+                self.append_here(table, batch, None, &prepared.app_id, ctx)
+                    .await?
+            }
         };
-        let schema = batch.schema().inner().clone();
-        let mut batches = batch
-            .collect()
-            .await
-            .map_err(|e| df_err("computing the batch", e))?;
-        batches.retain(|b| b.num_rows() > 0);
-        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        if batches.is_empty() {
-            // An empty batch still records its transaction, so the replay is provably done.
-            batches.push(RecordBatch::new_empty(schema));
-        }
-        let bytes = batch_bytes(&batches);
-        let table =
-            write_with_txn(table, batches, &self.write, &prepared.app_id, &self.at, id).await?;
-        ctx.metrics.add_output_rows(rows as u64);
+        ctx.metrics.add_output_rows(rows);
         note_version(ctx, &sink, &table);
         let table = self
             .compaction
@@ -166,6 +179,80 @@ impl DeltaAppend {
             .await?;
         self.table.put(table).await;
         Ok(())
+    }
+
+    /// The schema the workers write the batch in, or why it is written here (logged when the
+    /// reason is new).
+    fn where_to_write(&self, table: &DeltaTable, batch: &DataFrame) -> Result<SchemaRef, ()> {
+        let columns: Vec<String> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let facts = on_workers::facts(table);
+        let decided = match placement(&facts, &columns, &self.write.partition_by) {
+            Placement::Workers => on_workers::target_schema(table, batch.schema().inner()),
+            Placement::Driver(why) => Err(why),
+        };
+        let why = match decided {
+            Ok(schema) => return Ok(schema),
+            Err(why) => why,
+        };
+        if let Ok(mut said) = self.said.lock()
+            && said.as_deref() != Some(why.as_str())
+        {
+            tracing::warn!(
+                table = %self.at,
+                "the batches' rows are written on the driver, not the workers: {why}"
+            );
+            *said = Some(why);
+        }
+        Err(())
+    }
+
+    /// Brings the batch here (its plan run by `run` on a cluster) and appends it (one
+    /// process, or a table the workers cannot write): the rows written and their bytes in
+    /// memory.
+    async fn append_here(
+        &self,
+        table: DeltaTable,
+        batch: DataFrame,
+        run: Option<&dyn PlanRunner>,
+        app_id: &str,
+        ctx: &BatchContext,
+    ) -> Result<(DeltaTable, u64, usize), DeltaSinkError> {
+        let id = ctx.batch_id;
+        let df_err = |action, source| DeltaSinkError::DataFusion {
+            table: self.at.to_string(),
+            batch_id: id,
+            action,
+            source,
+        };
+        let schema = batch.schema().inner().clone();
+        let mut batches = match run {
+            Some(run) => run
+                .run(batch)
+                .await
+                .map_err(|source| DeltaSinkError::Engine {
+                    table: self.at.to_string(),
+                    batch_id: id,
+                    source,
+                })?,
+            None => batch
+                .collect()
+                .await
+                .map_err(|e| df_err("computing the batch", e))?,
+        };
+        batches.retain(|b| b.num_rows() > 0);
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        if batches.is_empty() {
+            // An empty batch still records its transaction, so the replay is provably done.
+            batches.push(RecordBatch::new_empty(schema));
+        }
+        let bytes = batch_bytes(&batches);
+        let table = write_with_txn(table, batches, &self.write, app_id, &self.at, id).await?;
+        Ok((table, rows as u64, bytes))
     }
 }
 
@@ -217,6 +304,19 @@ pub(crate) async fn write_with_txn(
 #[async_trait]
 impl ForeachBatch for DeltaAppend {
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
-        Ok(self.append(batch, &ctx).await?)
+        Ok(self.append(batch, &ctx, None).await?)
+    }
+
+    fn writes_on_workers(&self) -> bool {
+        true
+    }
+
+    async fn write_on_workers(
+        &self,
+        batch: DataFrame,
+        ctx: BatchContext,
+        run: &dyn PlanRunner,
+    ) -> Result<(), BoxError> {
+        Ok(self.append(batch, &ctx, Some(run)).await?)
     }
 }

@@ -60,6 +60,17 @@ pub enum DeltaSinkError {
         recorded: i64,
     },
 
+    /// A row of the batch has a NULL in a column the table declares NOT NULL.
+    #[error(
+        "Delta table {table}: batch {batch_id}: column '{column}' is NOT NULL in the table, and \
+         the batch has a NULL in it"
+    )]
+    NullInNotNull {
+        table: String,
+        batch_id: u64,
+        column: String,
+    },
+
     /// A setting is unusable; `key` names it.
     #[error("Delta table {table}: invalid setting '{key}': {reason}")]
     Config {

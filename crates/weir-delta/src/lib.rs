@@ -22,6 +22,11 @@
 //!
 //! Local tables are written through a store that fsyncs every file and folder, so a commit
 //! is durable before the engine writes `commits/N`.
+//!
+//! On a cluster, [`DeltaAppend`] writes where the batch's plan runs: each task writes data
+//! files ([`DeltaFilesExec`], on the wire as [`DELTA_FILES`]) and the driver commits their
+//! `add` actions and the transaction in one version; tables with rules delta-rs checks while
+//! writing go to the driver's write (see `on_workers.rs`).
 
 // delta-rs and DataFusion errors are large; the error path of a sink is cold.
 #![allow(clippy::result_large_err)]
@@ -32,6 +37,7 @@ mod config;
 mod error;
 mod log_cleanup;
 mod merge;
+mod on_workers;
 mod store;
 mod table;
 
@@ -39,6 +45,7 @@ pub use append::DeltaAppend;
 pub use config::{DeltaAppendConfig, DeltaMergeConfig, DeltaReader};
 pub use error::DeltaSinkError;
 pub use merge::DeltaMerge;
+pub use on_workers::{DELTA_FILES, DeltaFilesExec, FilesWrite};
 pub use table::{data_commits, decide_write, open, read_table, recorded_version, table_version};
 
 /// delta-rs, re-exported for reading tables in tests and tools.

@@ -19,7 +19,6 @@ use crate::store;
 
 /// Opens the table at `at` (which may not exist yet: the first write creates it).
 pub async fn open(at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkError> {
-    store::register();
     // delta-rs refuses a local folder that does not exist yet; the first write creates
     // the table in it.
     at.create_dir()
@@ -29,6 +28,21 @@ pub async fn open(at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkE
             batch_id,
             source,
         })?;
+    let mut table = unloaded(at, batch_id)?;
+    match table.load().await {
+        Ok(()) | Err(deltalake::DeltaTableError::NotATable(_)) => Ok(table),
+        Err(e) => Err(DeltaSinkError::Delta {
+            table: at.to_string(),
+            batch_id,
+            action: "loading the table",
+            source: e,
+        }),
+    }
+}
+
+/// The table at `at`, not loaded: its log store, for writing data files.
+pub(crate) fn unloaded(at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkError> {
+    store::register();
     let err = |action, source| DeltaSinkError::Delta {
         table: at.to_string(),
         batch_id,
@@ -58,13 +72,9 @@ pub async fn open(at: &Location, batch_id: u64) -> Result<DeltaTable, DeltaSinkE
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let mut table = DeltaTableBuilder::from_url(url)
+    DeltaTableBuilder::from_url(url)
         .and_then(|b| b.with_storage_options(options).build())
-        .map_err(|e| err("opening the table", e))?;
-    match table.load().await {
-        Ok(()) | Err(deltalake::DeltaTableError::NotATable(_)) => Ok(table),
-        Err(e) => Err(err("loading the table", e)),
-    }
+        .map_err(|e| err("opening the table", e))
 }
 
 /// The version recorded for `app_id` (`None`: no table, or never written).

@@ -18,19 +18,19 @@ use crate::{
 };
 
 /// The workers as the pipeline helpers take them.
-fn refs(ws: &[Worker]) -> Vec<&Worker> {
+pub(crate) fn refs(ws: &[Worker]) -> Vec<&Worker> {
     ws.iter().collect()
 }
 
 /// A `weir worker` process, killed when dropped.
-struct Worker {
+pub(crate) struct Worker {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Worker {
     /// Starts a worker on `listen` (`127.0.0.1:0`: a free port) and waits for its address.
-    fn start(listen: &str, token: Option<&str>) -> Worker {
+    pub(crate) fn start(listen: &str, token: Option<&str>) -> Worker {
         Worker::start_in(None, listen, token)
     }
 
@@ -70,12 +70,12 @@ impl Worker {
     }
 
     /// Three workers on free ports, with `token`.
-    fn three(token: Option<&str>) -> [Worker; 3] {
+    pub(crate) fn three(token: Option<&str>) -> [Worker; 3] {
         [0, 1, 2].map(|_| Worker::start("127.0.0.1:0", token))
     }
 
     /// The `host:port` it listens on.
-    fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         self.url.trim_start_matches("http://").to_string()
     }
 
@@ -93,16 +93,16 @@ impl Drop for Worker {
 
 /// A worker to SIGKILL mid-run: `workers[index]`, once `after` batches have landed, started
 /// again on its address by `restart`.
-struct WorkerKill<'a> {
-    workers: &'a mut [Worker],
-    index: usize,
-    after: usize,
-    restart: &'a dyn Fn(&str) -> Worker,
+pub(crate) struct WorkerKill<'a> {
+    pub(crate) workers: &'a mut [Worker],
+    pub(crate) index: usize,
+    pub(crate) after: usize,
+    pub(crate) restart: &'a dyn Fn(&str) -> Worker,
 }
 
 /// Runs the driver on `p` to the end with progress in `progress`, killing a worker on the
 /// way if told. Returns the driver's stderr, after checking it succeeded.
-fn run_killing_a_worker(
+pub(crate) fn run_killing_a_worker(
     p: &Path,
     progress: &Path,
     env: &[(&str, &str)],
@@ -138,7 +138,7 @@ fn run_killing_a_worker(
     stderr
 }
 
-fn cluster_pipeline(
+pub(crate) fn cluster_pipeline(
     dir: &Path,
     workers: &[&Worker],
     extra: &str,
@@ -214,7 +214,7 @@ async fn on_workers_and_alone(
     [outputs.remove(0), outputs.remove(0)]
 }
 
-const COLS: [&str; 4] = ["order_id", "status", "amount", "updated_at"];
+pub(crate) const COLS: [&str; 4] = ["order_id", "status", "amount", "updated_at"];
 
 #[tokio::test]
 async fn three_workers_read_every_file_once_and_each_reports_its_rows() {

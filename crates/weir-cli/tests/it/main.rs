@@ -4,6 +4,7 @@
 
 mod chaos;
 mod cluster;
+mod cluster_delta;
 mod config;
 mod durability;
 mod kills;

@@ -1,0 +1,796 @@
+//! The Delta append on a cluster: each task writes its rows as data files of the table
+//! where it runs; the driver commits the batch's files in one Delta transaction with the
+//! application transaction `(app_id, batch id)`. The rows never come to the driver.
+//!
+//! 1. The driver decides whether the table can take files written elsewhere
+//!    ([`placement`]): a table with rules that delta-rs enforces while it writes (CHECK
+//!    constraints, invariants, generated or identity columns, column mapping, writer features
+//!    weir does not know) or a batch whose columns are not the table's is written on the
+//!    driver, as in one process, so delta-rs checks it and reports what is wrong.
+//! 2. Otherwise the batch's plan gets a [`DeltaFilesExec`] on top. Each partition of each
+//!    task casts its rows to the table's schema, writes them with delta-rs's `DeltaWriter`
+//!    (partition folders, `target-file-size`, the table's statistics settings) and outputs
+//!    the `add` actions of its files and its row count, as JSON.
+//! 3. After an attempt whose every task succeeded, the driver commits every `add` and the
+//!    `txn` in one version (creating the table in that same version on the first batch).
+//!
+//! | failure | what is left | what happens |
+//! |---|---|---|
+//! | a worker lost mid-write | data files of the failed attempt, in no commit | the plan runs again; readers never see the files (`VACUUM` removes them) |
+//! | the driver dies before the commit | data files in no commit | the replay writes the batch again and commits once |
+//! | the driver dies after the commit | the batch's version | the replay finds the app id's version and skips |
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use delta_kernel::engine::arrow_conversion::TryIntoKernel as _;
+use delta_kernel::table_properties::DataSkippingNumIndexedCols;
+use deltalake::DeltaTable;
+use deltalake::datafile::writer::{DeltaWriter, WriterConfig};
+use deltalake::kernel::schema::cast::{cast_record_batch, normalize_for_delta};
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TableReference};
+use deltalake::kernel::{Action, Add, StructType, Transaction};
+use deltalake::operations::write::WriterStatsConfig;
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::table::config::{DEFAULT_TARGET_FILE_SIZE, TablePropertiesExt as _};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use weir_core::datafusion::arrow::array::{Array, RecordBatch};
+use weir_core::datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
+use weir_core::datafusion::common::{DataFusionError, Result as DfResult};
+use weir_core::datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use weir_core::datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use weir_core::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use weir_core::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use weir_core::datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+use weir_core::datafusion::prelude::DataFrame;
+use weir_core::sink::{
+    PlanRunner, WorkerWrite, WriteKind, WritePlan, on_workers, written_batch, written_rows,
+    written_schema,
+};
+use weir_core::storage::{Location, StorageOptions};
+use weir_core::{BatchContext, fault};
+
+use crate::append::WriteOptions;
+use crate::compact::{DELETED_FILE_RETENTION_PROPERTY, delta_interval};
+use crate::error::DeltaSinkError;
+use crate::table::{commit_properties, unloaded};
+use crate::{POINT_AFTER_COMMIT, POINT_BEFORE_COMMIT};
+
+/// Where a batch's rows are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// By the tasks, on the workers.
+    Workers,
+    /// On the driver, as in one process; the reason is logged once.
+    Driver(String),
+}
+
+/// What the placement looks at in a table (all empty for a table not created yet).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TableFacts {
+    pub exists: bool,
+    pub columns: Vec<String>,
+    pub partition_columns: Vec<String>,
+    /// The protocol's writer features (`None`: a protocol of fixed versions).
+    pub writer_features: Option<Vec<String>>,
+    pub column_mapping: bool,
+    pub check_constraints: bool,
+    /// Column rules found in the schema's metadata: "invariants", "generated columns",
+    /// "identity columns".
+    pub column_rules: Vec<&'static str>,
+}
+
+/// Writer features a task's data files satisfy, or whose use [`TableFacts`] checks itself
+/// (a table may list `checkConstraints` and have none).
+const KNOWN_WRITER_FEATURES: &[&str] = &[
+    "appendOnly",
+    "invariants",
+    "checkConstraints",
+    "changeDataFeed",
+    "generatedColumns",
+    "columnMapping",
+    "identityColumns",
+    "timestampNtz",
+    "deletionVectors",
+    "v2Checkpoint",
+    "vacuumProtocolCheck",
+    "checkpointProtection",
+];
+
+/// Where batch rows with `batch_columns` go, for a table with `table` and a sink asking for
+/// `partition_by`: a pure decision.
+pub(crate) fn placement(
+    table: &TableFacts,
+    batch_columns: &[String],
+    partition_by: &[String],
+) -> Placement {
+    if !table.exists {
+        return Placement::Workers;
+    }
+    let driver = |why: String| Placement::Driver(why);
+    if let Some(f) = table
+        .writer_features
+        .iter()
+        .flatten()
+        .find(|f| !KNOWN_WRITER_FEATURES.contains(&f.as_str()))
+    {
+        return driver(format!("the table uses the writer feature `{f}`"));
+    }
+    if table.column_mapping {
+        return driver("the table maps column names (delta.columnMapping.mode)".into());
+    }
+    if table.check_constraints {
+        return driver("the table has CHECK constraints".into());
+    }
+    if let Some(rule) = table.column_rules.first() {
+        return driver(format!("the table's columns have {rule}"));
+    }
+    if !partition_by.is_empty() && partition_by != table.partition_columns {
+        return driver(format!(
+            "partition-by {partition_by:?} is not the table's partition columns {:?}",
+            table.partition_columns
+        ));
+    }
+    let mut ours: Vec<&String> = batch_columns.iter().collect();
+    let mut theirs: Vec<&String> = table.columns.iter().collect();
+    ours.sort();
+    theirs.sort();
+    if ours != theirs {
+        return driver("the batch's columns are not the table's".into());
+    }
+    Placement::Workers
+}
+
+/// The facts of `table` (loaded or not yet created).
+pub(crate) fn facts(table: &DeltaTable) -> TableFacts {
+    let Ok(state) = table.snapshot() else {
+        return TableFacts::default();
+    };
+    if table.version().is_none() {
+        return TableFacts::default();
+    }
+    let metadata = state.metadata();
+    let config = metadata.configuration();
+    let schema = state.schema();
+    let arrow = state.snapshot().arrow_schema();
+    let mut column_rules = Vec::new();
+    for (key, rule) in [
+        ("delta.invariants", "invariants"),
+        ("delta.generationExpression", "generated columns"),
+        ("delta.identity.start", "identity columns"),
+    ] {
+        if arrow.fields().iter().any(|f| has_metadata(f, key)) {
+            column_rules.push(rule);
+        }
+    }
+    let protocol = serde_json::to_value(state.protocol()).unwrap_or_default();
+    let writer_features = protocol["writerFeatures"].as_array().map(|fs| {
+        fs.iter()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect()
+    });
+    TableFacts {
+        exists: true,
+        columns: schema.fields().map(|f| f.name().to_string()).collect(),
+        partition_columns: metadata.partition_columns().to_vec(),
+        writer_features,
+        column_mapping: config
+            .get("delta.columnMapping.mode")
+            .is_some_and(|m| m != "none"),
+        check_constraints: config.keys().any(|k| k.starts_with("delta.constraints.")),
+        column_rules,
+    }
+}
+
+/// Whether `field` or a field nested in it has the metadata `key`.
+fn has_metadata(field: &Field, key: &str) -> bool {
+    field.metadata().contains_key(key)
+        || match field.data_type() {
+            DataType::Struct(fields) => fields.iter().any(|f| has_metadata(f, key)),
+            DataType::List(f) | DataType::LargeList(f) | DataType::Map(f, _) => {
+                has_metadata(f, key)
+            }
+            _ => false,
+        }
+}
+
+/// The schema the workers write a batch of `batch` in: the table's, or for a table not
+/// created yet the batch's as delta-rs stores it (an error when Delta has no type for a
+/// column: the driver's write then reports it).
+pub(crate) fn target_schema(table: &DeltaTable, batch: &SchemaRef) -> Result<SchemaRef, String> {
+    if table.version().is_some() {
+        return table
+            .snapshot()
+            .map(|s| s.snapshot().arrow_schema())
+            .map_err(|e| e.to_string());
+    }
+    let normalized = normalize_for_delta(batch);
+    let _: StructType = normalized
+        .as_ref()
+        .try_into_kernel()
+        .map_err(|e| format!("the batch's schema has no Delta form: {e}"))?;
+    Ok(normalized)
+}
+
+/// The driver's side of a batch written on the workers.
+pub(crate) struct Files<'a> {
+    pub at: &'a Location,
+    pub options: &'a WriteOptions,
+    pub app_id: &'a str,
+}
+
+impl Files<'_> {
+    /// Runs the batch's write on the workers with `run` and commits what the tasks wrote in
+    /// one version with the application transaction: the table, the rows and their bytes
+    /// as written.
+    pub(crate) async fn append(
+        &self,
+        table: DeltaTable,
+        batch: DataFrame,
+        schema: SchemaRef,
+        ctx: &BatchContext,
+        run: &dyn PlanRunner,
+    ) -> Result<(DeltaTable, u64, usize), DeltaSinkError> {
+        let batch_id = ctx.batch_id;
+        let engine = |source| DeltaSinkError::Engine {
+            table: self.at.to_string(),
+            batch_id,
+            source,
+        };
+        let write = self.files_write(&table, batch_id)?;
+        let plan = on_workers(
+            batch,
+            Arc::new(FilesPlan {
+                write,
+                schema: Arc::clone(&schema),
+            }),
+        );
+        let out = run.run(plan).await.map_err(engine)?;
+        let (mut rows, mut adds) = (0u64, Vec::new());
+        for text in written_rows(&out).map_err(engine)? {
+            let task: TaskFiles = serde_json::from_str(&text).map_err(|e| {
+                self.delta(
+                    batch_id,
+                    "reading what a task wrote",
+                    deltalake::DeltaTableError::Generic(format!("`{text}`: {e}")),
+                )
+            })?;
+            rows += task.rows;
+            adds.extend(task.adds);
+        }
+        let bytes = adds.iter().map(|a| a.size.max(0) as usize).sum();
+        fault::hit(POINT_BEFORE_COMMIT, batch_id).map_err(engine)?;
+        let txn = Transaction::new(self.app_id, batch_id as i64);
+        let properties = commit_properties().with_application_transaction(txn);
+        let actions = adds.into_iter().map(Action::Add);
+        let table = if table.version().is_some() {
+            self.commit(table, actions.collect(), properties, batch_id)
+                .await?
+        } else {
+            self.create(&table, schema, actions, properties, batch_id)
+                .await?
+        };
+        fault::hit(POINT_AFTER_COMMIT, batch_id).map_err(engine)?;
+        Ok((table, rows, bytes))
+    }
+
+    fn delta(
+        &self,
+        batch_id: u64,
+        action: &'static str,
+        source: deltalake::DeltaTableError,
+    ) -> DeltaSinkError {
+        DeltaSinkError::Delta {
+            table: self.at.to_string(),
+            batch_id,
+            action,
+            source,
+        }
+    }
+
+    /// What the tasks need: the table's layout and file settings (a new table's from the
+    /// sink's options).
+    fn files_write(&self, table: &DeltaTable, batch_id: u64) -> Result<FilesWrite, DeltaSinkError> {
+        let (partition_columns, target, stats) = if table.version().is_some() {
+            let state = table
+                .snapshot()
+                .map_err(|e| self.delta(batch_id, "reading the table's settings", e))?
+                .snapshot();
+            (
+                state.metadata().partition_columns().to_vec(),
+                state.table_properties().target_file_size(),
+                WriterStatsConfig::from_config(state.table_configuration()),
+            )
+        } else {
+            (
+                self.options.partition_by.clone(),
+                DEFAULT_TARGET_FILE_SIZE,
+                WriterStatsConfig::new(DataSkippingNumIndexedCols::default(), None),
+            )
+        };
+        Ok(FilesWrite {
+            // The URL as parsed (percent-encoded): `?`, `#` or `%41` in a folder's name stay
+            // part of the name on the worker.
+            table: self.at.url().to_string(),
+            storage: self.at.options().as_map().clone(),
+            batch_id,
+            partition_columns,
+            target_file_size: Some(self.options.target_file_size.unwrap_or(target).get()),
+            stats_num_columns: match stats.num_indexed_cols {
+                DataSkippingNumIndexedCols::AllColumns => None,
+                DataSkippingNumIndexedCols::NumColumns(n) => Some(n),
+            },
+            stats_columns: stats.stats_columns,
+        })
+    }
+
+    /// Commits `actions` to the existing `table` as one append.
+    async fn commit(
+        &self,
+        mut table: DeltaTable,
+        actions: Vec<Action>,
+        properties: CommitProperties,
+        batch_id: u64,
+    ) -> Result<DeltaTable, DeltaSinkError> {
+        let state = table
+            .snapshot()
+            .map_err(|e| self.delta(batch_id, "committing the append", e))?;
+        let partition_by = state.metadata().partition_columns().to_vec();
+        let operation = DeltaOperation::Write {
+            mode: SaveMode::Append,
+            partition_by: (!partition_by.is_empty()).then_some(partition_by),
+            predicate: None,
+        };
+        let done = CommitBuilder::from(properties)
+            .with_actions(actions)
+            .build(
+                Some(state as &dyn TableReference),
+                table.log_store(),
+                operation,
+            )
+            .await
+            .map_err(|e| self.delta(batch_id, "committing the append", e))?;
+        table
+            .update_incremental(Some(done.version()))
+            .await
+            .map_err(|e| self.delta(batch_id, "reading the append's commit", e))?;
+        Ok(table)
+    }
+
+    /// Creates the table with the batch's files in its first version (the sink's
+    /// partitioning and table properties, as the write in one process creates it).
+    async fn create(
+        &self,
+        table: &DeltaTable,
+        schema: SchemaRef,
+        adds: impl IntoIterator<Item = Action>,
+        properties: CommitProperties,
+        batch_id: u64,
+    ) -> Result<DeltaTable, DeltaSinkError> {
+        let err = |e| self.delta(batch_id, "creating the table with the batch's files", e);
+        let columns: StructType = schema
+            .as_ref()
+            .try_into_kernel()
+            .map_err(|e| err(e.into()))?;
+        let mut create = table
+            .create()
+            .with_columns(columns.fields().cloned())
+            .with_configuration([(
+                DELETED_FILE_RETENTION_PROPERTY,
+                Some(delta_interval(self.options.deleted_file_retention)),
+            )])
+            .with_actions(adds)
+            .with_commit_properties(properties);
+        if !self.options.partition_by.is_empty() {
+            create = create.with_partition_columns(self.options.partition_by.clone());
+        }
+        create.await.map_err(err)
+    }
+}
+
+/// What the tasks of one batch's write need: plain data, sent with the plan.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FilesWrite {
+    /// The table's location, as a URL.
+    pub table: String,
+    /// Its object-store settings (never shown).
+    #[serde(default)]
+    pub storage: BTreeMap<String, String>,
+    pub batch_id: u64,
+    pub partition_columns: Vec<String>,
+    pub target_file_size: Option<u64>,
+    /// How many leading columns get statistics (`None`: all of them).
+    pub stats_num_columns: Option<u64>,
+    /// The columns that get statistics, when the table names them.
+    pub stats_columns: Option<Vec<String>>,
+}
+
+/// The settings' values may be secrets: only their keys are shown.
+impl fmt::Debug for FilesWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FilesWrite")
+            .field("table", &self.table)
+            .field("storage", &self.storage.keys().collect::<Vec<_>>())
+            .field("batch_id", &self.batch_id)
+            .field("partition_columns", &self.partition_columns)
+            .field("target_file_size", &self.target_file_size)
+            .finish()
+    }
+}
+
+/// What one partition of a task wrote: a row of the write's output.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct TaskFiles {
+    pub rows: u64,
+    pub adds: Vec<Add>,
+}
+
+/// Writes its input's rows as data files of a Delta table, partition by partition, and
+/// outputs their `add` actions (see the module docs).
+#[derive(Debug)]
+pub struct DeltaFilesExec {
+    input: Arc<dyn ExecutionPlan>,
+    write: FilesWrite,
+    /// The table's schema, which the files are written in.
+    schema: SchemaRef,
+    at: Location,
+    props: Arc<PlanProperties>,
+}
+
+impl DeltaFilesExec {
+    /// The write `write` of `input`'s rows in `schema`. An error if the table's URL or
+    /// settings are not valid here.
+    pub fn try_new(
+        input: Arc<dyn ExecutionPlan>,
+        write: FilesWrite,
+        schema: SchemaRef,
+    ) -> DfResult<Self> {
+        let storage = StorageOptions::new(write.storage.clone()).map_err(external)?;
+        let at = Location::parse("sink.path", &write.table, None, &storage).map_err(external)?;
+        let props = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(written_schema()),
+            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(DeltaFilesExec {
+            input,
+            write,
+            schema,
+            at,
+            props,
+        })
+    }
+
+    /// What the node writes.
+    pub fn write(&self) -> &FilesWrite {
+        &self.write
+    }
+}
+
+fn external(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+impl DisplayAs for DeltaFilesExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "DeltaFilesExec: table={}, batch={}",
+            self.at, self.write.batch_id
+        )
+    }
+}
+
+impl ExecutionPlan for DeltaFilesExec {
+    fn name(&self) -> &str {
+        "DeltaFilesExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(
+            &Arc<dyn weir_core::datafusion::physical_expr::PhysicalExpr>,
+        )
+            -> DfResult<weir_core::datafusion::common::tree_node::TreeNodeRecursion>,
+    ) -> DfResult<weir_core::datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(weir_core::datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    }
+
+    /// More partitions would only mean more, smaller files.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children)
+            .map_err(|_| DataFusionError::Internal("DeltaFilesExec takes one input".into()))?;
+        Ok(Arc::new(DeltaFilesExec::try_new(
+            input,
+            self.write.clone(),
+            Arc::clone(&self.schema),
+        )?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let mut input = self.input.execute(partition, context)?;
+        let write = self.write.clone();
+        let schema = Arc::clone(&self.schema);
+        let at = self.at.clone();
+        let out = async move {
+            let batch_id = write.batch_id;
+            let delta = |action, source| {
+                external(DeltaSinkError::Delta {
+                    table: at.to_string(),
+                    batch_id,
+                    action,
+                    source,
+                })
+            };
+            let store = unloaded(&at, batch_id)
+                .map_err(external)?
+                .log_store()
+                .object_store(None);
+            let config = WriterConfig::new(
+                Arc::clone(&schema),
+                write.partition_columns.clone(),
+                None,
+                write.target_file_size.and_then(NonZeroU64::new),
+                None,
+                write
+                    .stats_num_columns
+                    .map_or(DataSkippingNumIndexedCols::AllColumns, |n| {
+                        DataSkippingNumIndexedCols::NumColumns(n)
+                    }),
+                write.stats_columns.clone(),
+            );
+            let mut writer = DeltaWriter::new(store, config);
+            let mut rows = 0u64;
+            while let Some(batch) = input.next().await {
+                let batch = batch?;
+                if batch.num_rows() == 0 {
+                    continue;
+                }
+                let written = match conform(&batch, &schema, &at, batch_id) {
+                    Ok(b) => writer.write(&b).await.map_err(|e| DeltaSinkError::Delta {
+                        table: at.to_string(),
+                        batch_id,
+                        action: "writing a data file",
+                        source: e,
+                    }),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = written {
+                    // Unfinished uploads go; finished files are in no commit.
+                    let _ = writer.abort().await;
+                    return Err(external(e));
+                }
+                rows += batch.num_rows() as u64;
+            }
+            let adds = writer
+                .close()
+                .await
+                .map_err(|e| delta("finishing the data files", e))?;
+            let text = serde_json::to_string(&TaskFiles { rows, adds }).map_err(external)?;
+            written_batch(vec![text])
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            written_schema(),
+            futures::stream::once(out),
+        )))
+    }
+}
+
+/// `batch` in the table's schema `schema`: a NULL in a NOT NULL column is an error naming
+/// it, other columns are cast as delta-rs casts them (an error if a value does not fit).
+fn conform(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+    at: &Location,
+    batch_id: u64,
+) -> Result<RecordBatch, DeltaSinkError> {
+    for field in schema.fields().iter().filter(|f| !f.is_nullable()) {
+        if let Some(col) = batch.column_by_name(field.name())
+            && col.null_count() > 0
+        {
+            return Err(DeltaSinkError::NullInNotNull {
+                table: at.to_string(),
+                batch_id,
+                column: field.name().clone(),
+            });
+        }
+    }
+    cast_record_batch(batch, Arc::clone(schema), false, false).map_err(|source| {
+        DeltaSinkError::Delta {
+            table: at.to_string(),
+            batch_id,
+            action: "casting the batch's rows to the table's schema",
+            source,
+        }
+    })
+}
+
+impl WorkerWrite for DeltaFilesExec {
+    fn kind(&self) -> &'static str {
+        DELTA_FILES.kind
+    }
+
+    fn encode(&self) -> DfResult<(SchemaRef, String)> {
+        let body = serde_json::to_string(&self.write)
+            .map_err(|e| DataFusionError::Internal(format!("encoding {}: {e}", self.kind())))?;
+        Ok((Arc::clone(&self.schema), body))
+    }
+}
+
+/// The Delta append's write on the wire.
+pub const DELTA_FILES: WriteKind = WriteKind {
+    kind: "weir.DeltaFiles.v1",
+    find: |node| {
+        node.downcast_ref::<DeltaFilesExec>()
+            .map(|w| w as &dyn WorkerWrite)
+    },
+    decode: |input, schema, body| {
+        let write: FilesWrite = serde_json::from_str(body)
+            .map_err(|e| DataFusionError::Internal(format!("decoding a Delta write: {e}")))?;
+        Ok(Arc::new(DeltaFilesExec::try_new(input, write, schema)?))
+    },
+};
+
+/// How the sink puts its write on a batch's plan.
+#[derive(Debug)]
+pub(crate) struct FilesPlan {
+    pub write: FilesWrite,
+    pub schema: SchemaRef,
+}
+
+impl WritePlan for FilesPlan {
+    fn describe(&self) -> String {
+        format!(
+            "Delta data files of batch {} in {}",
+            self.write.batch_id, self.write.table
+        )
+    }
+
+    fn plan(&self, input: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(DeltaFilesExec::try_new(
+            input,
+            self.write.clone(),
+            Arc::clone(&self.schema),
+        )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(cols: &[&str]) -> Vec<String> {
+        cols.iter().map(|c| c.to_string()).collect()
+    }
+
+    #[test]
+    fn only_tables_without_write_time_rules_take_files_written_elsewhere() {
+        let plain = TableFacts {
+            exists: true,
+            columns: names(&["id", "day", "v"]),
+            partition_columns: names(&["day"]),
+            writer_features: None,
+            ..TableFacts::default()
+        };
+        let with = |f: &dyn Fn(&mut TableFacts)| {
+            let mut t = plain.clone();
+            f(&mut t);
+            t
+        };
+        let batch = names(&["v", "id", "day"]);
+        let driver = |why: &str| Placement::Driver(why.to_string());
+        // (table, batch columns, partition-by) -> placement
+        let cases: Vec<(TableFacts, Vec<String>, Vec<String>, Placement)> = vec![
+            // Not created yet: the commit creates it from the batch's schema.
+            (
+                TableFacts::default(),
+                batch.clone(),
+                vec![],
+                Placement::Workers,
+            ),
+            (plain.clone(), batch.clone(), vec![], Placement::Workers),
+            (
+                plain.clone(),
+                batch.clone(),
+                names(&["day"]),
+                Placement::Workers,
+            ),
+            (
+                with(&|t| t.writer_features = Some(names(&["appendOnly", "timestampNtz"]))),
+                batch.clone(),
+                vec![],
+                Placement::Workers,
+            ),
+            (
+                with(&|t| t.writer_features = Some(names(&["rowTracking"]))),
+                batch.clone(),
+                vec![],
+                driver("the table uses the writer feature `rowTracking`"),
+            ),
+            (
+                with(&|t| t.column_mapping = true),
+                batch.clone(),
+                vec![],
+                driver("the table maps column names (delta.columnMapping.mode)"),
+            ),
+            (
+                with(&|t| t.check_constraints = true),
+                batch.clone(),
+                vec![],
+                driver("the table has CHECK constraints"),
+            ),
+            (
+                with(&|t| t.column_rules = vec!["generated columns"]),
+                batch.clone(),
+                vec![],
+                driver("the table's columns have generated columns"),
+            ),
+            (
+                plain.clone(),
+                batch.clone(),
+                names(&["id"]),
+                driver("partition-by [\"id\"] is not the table's partition columns [\"day\"]"),
+            ),
+            (
+                plain.clone(),
+                names(&["id", "day"]),
+                vec![],
+                driver("the batch's columns are not the table's"),
+            ),
+            (
+                plain.clone(),
+                names(&["id", "day", "v", "extra"]),
+                vec![],
+                driver("the batch's columns are not the table's"),
+            ),
+        ];
+        for (table, cols, by, want) in cases {
+            assert_eq!(
+                placement(&table, &cols, &by),
+                want,
+                "{table:?} {cols:?} {by:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn settings_values_are_not_shown() {
+        let write = FilesWrite {
+            table: "s3://b/t/".into(),
+            storage: [("aws_secret_access_key".to_string(), "hunter2".to_string())].into(),
+            batch_id: 1,
+            partition_columns: vec![],
+            target_file_size: None,
+            stats_num_columns: Some(32),
+            stats_columns: None,
+        };
+        let shown = format!("{write:?}");
+        assert!(shown.contains("aws_secret_access_key"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+}
