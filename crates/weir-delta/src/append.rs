@@ -15,6 +15,7 @@ use weir_core::sink::PlanRunner;
 use weir_core::storage::Location;
 use weir_core::{BatchContext, BoxError, ForeachBatch, fault};
 
+use crate::commit_files::{self, Files};
 use crate::compact::{
     Compaction, DEFAULT_DELETED_FILE_RETENTION, DELETED_FILE_RETENTION_PROPERTY, batch_bytes,
     delta_interval,
@@ -154,7 +155,7 @@ impl DeltaAppend {
         let target = run.map(|r| (r, self.where_to_write(&table, &batch)));
         let (table, rows, bytes) = match target {
             Some((run, Ok(schema))) => {
-                let files = on_workers::Files {
+                let files = Files {
                     at: &self.at,
                     options: &self.write,
                     app_id: &prepared.app_id,
@@ -192,7 +193,7 @@ impl DeltaAppend {
             .collect();
         let facts = on_workers::facts(table);
         let decided = match placement(&facts, &columns, &self.write.partition_by) {
-            Placement::Workers => on_workers::target_schema(table, batch.schema().inner()),
+            Placement::Workers => commit_files::target_schema(table, batch.schema().inner()),
             Placement::Driver(why) => Err(why),
         };
         let why = match decided {

@@ -32,6 +32,7 @@
 #![allow(clippy::result_large_err)]
 
 mod append;
+mod commit_files;
 pub mod compact;
 mod config;
 mod error;
