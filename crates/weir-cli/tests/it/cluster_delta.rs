@@ -195,3 +195,81 @@ async fn a_table_with_a_check_constraint_is_written_on_the_driver_exactly() {
     );
     assert_eq!(table_rows(&table).await, input_rows(&input).await);
 }
+
+/// The input and the table on the S3 server, three workers: the tasks write the data files
+/// to S3 and the driver commits them. The driver killed before a commit and after one, run
+/// again: every row once, one version per batch with its txn, nothing left to replay.
+#[tokio::test]
+async fn delta_files_written_by_workers_to_s3_commit_once_after_driver_kills() {
+    use weir_core::connector::{QueryIdentity, SinkVerifier, compare_append};
+    use weir_testkit::run_weir;
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let root = crate::storage::s3_location(&format!("weir-cluster/{id}"));
+    let local_in = dir.path().join("in");
+    gen_orders(&local_in, 8, 300, 100);
+    crate::storage::upload_orders(&local_in, &root.join("in")).await;
+    let urls: Vec<String> = ws.iter().map(|w| format!("\"{}\"", w.url)).collect();
+    let text = format!(
+        r#"[query]
+name = "delta-on-s3"
+checkpoint = "{chk}"
+
+[storage]
+{storage}
+[source]
+type = "files"
+path = "{input}"
+format = "json"
+schema = {schema}
+max-files-per-trigger = 3
+
+[[sink]]
+type = "delta-append"
+path = "{table}"
+partition-by = ["status"]
+
+[cluster]
+workers = [{workers}]
+connect-timeout = "2s"
+"#,
+        chk = dir.path().join("chk").display(),
+        storage = crate::storage::storage_table(&weir_testkit::s3().options()),
+        input = root.join("in").url_string(),
+        schema = crate::SCHEMA,
+        table = root.join("delta").url_string(),
+        workers = urls.join(", "),
+    );
+    let p = dir.path().join("s3.toml");
+    std::fs::write(&p, &text).unwrap();
+    for fault in [
+        format!("{}@1", weir_delta::POINT_BEFORE_COMMIT),
+        format!("{}@2", weir_delta::POINT_AFTER_COMMIT),
+    ] {
+        let out = run_weir(&crate::bin(), &["run", p.to_str().unwrap()], Some(&fault));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{fault}: {err}");
+    }
+    let out = run_weir(&crate::bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("written on the driver"), "{err}");
+    let schema = crate::orders_schema();
+    let input = crate::input_batches(&local_in).await;
+    let delta = weir_delta::DeltaReader {
+        at: root.join("delta"),
+        app_id: None,
+        strict_versions: true,
+    };
+    let got = delta.rows(&schema).await.unwrap();
+    let mut all = compare_append("delta", &got, &input, &schema).unwrap();
+    let cp = weir_core::checkpoint::Checkpoint::inspect(dir.path().join("chk").into())
+        .await
+        .unwrap()
+        .unwrap();
+    let query = QueryIdentity::of(&cp, "delta-on-s3");
+    all.merge(delta.check_bookkeeping(&query, 3).await.unwrap());
+    assert!(all.mismatches.is_empty(), "{:?}", all.mismatches);
+    assert_eq!(all.rows, 2400);
+}
