@@ -9,10 +9,12 @@ use delta_kernel::table_properties::DataSkippingNumIndexedCols;
 use deltalake::DeltaTable;
 use deltalake::kernel::schema::cast::normalize_for_delta;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties, TableReference};
-use deltalake::kernel::{Action, StructType, Transaction};
+use deltalake::kernel::{Action, Add, StructType, Transaction};
 use deltalake::operations::write::WriterStatsConfig;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::table::config::{DEFAULT_TARGET_FILE_SIZE, TablePropertiesExt as _};
+use object_store::ObjectStoreExt as _;
+use object_store::path::Path;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::sink::{PlanRunner, on_workers, written_rows};
@@ -91,6 +93,7 @@ impl Files<'_> {
             adds.extend(task.adds);
         }
         let bytes = adds.iter().map(|a| a.size.max(0) as usize).sum();
+        self.check_shared(&table, &adds, batch_id).await?;
         fault::hit(POINT_BEFORE_COMMIT, batch_id).map_err(engine)?;
         let txn = Transaction::new(self.app_id, batch_id as i64);
         let properties = commit_properties().with_application_transaction(txn);
@@ -104,6 +107,40 @@ impl Files<'_> {
         };
         fault::hit(POINT_AFTER_COMMIT, batch_id).map_err(engine)?;
         Ok((table, rows, bytes))
+    }
+
+    /// A local table must be on a folder the workers share: the files the tasks wrote must
+    /// be here before they are committed, or the table would list files no reader finds.
+    /// (An object store is shared by its nature; its files are not checked.)
+    async fn check_shared(
+        &self,
+        table: &DeltaTable,
+        adds: &[Add],
+        batch_id: u64,
+    ) -> Result<(), DeltaSinkError> {
+        if self.at.local_path().is_none() {
+            return Ok(());
+        }
+        let store = table.log_store().object_store(None);
+        for add in adds {
+            let path = Path::from_url_path(&add.path)
+                .map_err(|e| self.delta(batch_id, "reading a data file's path", e.into()))?;
+            let found = match store.head(&path).await {
+                Ok(_) => true,
+                Err(deltalake::ObjectStoreError::NotFound { .. }) => false,
+                Err(e) => {
+                    return Err(self.delta(batch_id, "finding a worker's data file", e.into()));
+                }
+            };
+            if !found {
+                return Err(DeltaSinkError::NotShared {
+                    table: self.at.to_string(),
+                    batch_id,
+                    file: add.path.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 
     fn delta(

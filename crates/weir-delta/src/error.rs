@@ -71,6 +71,18 @@ pub enum DeltaSinkError {
         column: String,
     },
 
+    /// A data file a worker wrote to a local table is not in the driver's folder.
+    #[error(
+        "Delta table {table}: batch {batch_id}: the data file '{file}' that a worker wrote is not \
+         in the table's folder here: on a cluster a local table must be on a folder the driver \
+         and every worker share (or use an object store)"
+    )]
+    NotShared {
+        table: String,
+        batch_id: u64,
+        file: String,
+    },
+
     /// A setting is unusable; `key` names it.
     #[error("Delta table {table}: invalid setting '{key}': {reason}")]
     Config {

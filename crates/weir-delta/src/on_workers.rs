@@ -123,12 +123,23 @@ pub(crate) fn placement(
             table.partition_columns
         ));
     }
-    let mut ours: Vec<&String> = batch_columns.iter().collect();
-    let mut theirs: Vec<&String> = table.columns.iter().collect();
-    ours.sort();
-    theirs.sort();
-    if ours != theirs {
-        return driver("the batch's columns are not the table's".into());
+    let missing: Vec<&str> = table
+        .columns
+        .iter()
+        .filter(|c| !batch_columns.contains(c))
+        .map(String::as_str)
+        .collect();
+    let extra: Vec<&str> = batch_columns
+        .iter()
+        .filter(|c| !table.columns.contains(c))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() || !extra.is_empty() {
+        return driver(format!(
+            "the batch's columns are not the table's (the batch lacks [{}]; the table lacks [{}])",
+            missing.join(", "),
+            extra.join(", ")
+        ));
     }
     Placement::Workers
 }
@@ -266,8 +277,10 @@ impl DeltaFilesExec {
     }
 }
 
+/// An error of a task, with its causes in its text: a worker's error reaches the driver as
+/// text, and only the outermost error's text survives every path there.
 fn external(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
+    DataFusionError::Execution(weir_core::sink::error_chain(&e))
 }
 
 impl DisplayAs for DeltaFilesExec {
@@ -553,13 +566,17 @@ mod tests {
                 plain.clone(),
                 names(&["id", "day"]),
                 vec![],
-                driver("the batch's columns are not the table's"),
+                driver(
+                    "the batch's columns are not the table's (the batch lacks [v]; the table lacks [])",
+                ),
             ),
             (
                 plain.clone(),
                 names(&["id", "day", "v", "extra"]),
                 vec![],
-                driver("the batch's columns are not the table's"),
+                driver(
+                    "the batch's columns are not the table's (the batch lacks []; the table lacks [extra])",
+                ),
             ),
         ];
         for (table, cols, by, want) in cases {

@@ -44,13 +44,29 @@ impl Worker {
             }
             None => Command::new(bin()),
         };
-        cmd.args(["worker", "--listen", listen])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        cmd.args(["worker", "--listen", listen]);
         if let Some(t) = token {
             cmd.args(["--token", t]);
         }
+        Worker::spawn(cmd)
+    }
+
+    /// Starts a worker that sees an empty folder of its own at `folder` (a tmpfs mounted
+    /// there in a mount namespace of its own): a folder the driver and it do not share.
+    pub(crate) fn start_with_private(folder: &Path) -> Worker {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg("mount -t tmpfs weir-private \"$0\" && exec \"$1\" worker --listen 127.0.0.1:0")
+            .arg(folder)
+            .arg(bin());
+        Worker::spawn(cmd)
+    }
+
+    /// Runs `cmd` (a `weir worker` command) and waits for the address it listens on.
+    fn spawn(mut cmd: Command) -> Worker {
+        cmd.env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("starting weir worker");
         let stderr = child.stderr.take().unwrap();
         let mut lines = BufReader::new(stderr).lines();

@@ -273,3 +273,57 @@ connect-timeout = "2s"
     assert!(all.mismatches.is_empty(), "{:?}", all.mismatches);
     assert_eq!(all.rows, 2400);
 }
+
+/// A local table on a folder the workers do not share (each sees an empty tmpfs of its own
+/// there): the driver finds the tasks' files missing and fails the batch, naming the file,
+/// before committing anything.
+#[tokio::test]
+async fn a_local_table_the_workers_do_not_share_fails_the_batch_and_commits_nothing() {
+    let dir = temp_dir();
+    let table = dir.path().join("delta");
+    std::fs::create_dir_all(&table).unwrap();
+    let ws: Vec<Worker> = (0..3).map(|_| Worker::start_with_private(&table)).collect();
+    gen_orders(&dir.path().join("in"), 6, 100, 50);
+    let p = delta_pipeline(dir.path(), &refs(&ws), "", 3, "delta", "");
+    let out = weir_testkit::run_weir(&crate::bin(), &["run", p.to_str().unwrap()], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("batch 0")
+            && stderr.contains("that a worker wrote is not in the table's folder here"),
+        "{stderr}"
+    );
+    assert!(!table.join("_delta_log").exists(), "nothing committed");
+    assert_eq!(
+        std::fs::read_dir(&table).unwrap().count(),
+        0,
+        "no file here"
+    );
+}
+
+/// A value that does not fit the table's column, in every task: the batch fails with the
+/// cause (column and value), whichever task's error reaches the driver, and nothing is
+/// committed.
+#[tokio::test]
+async fn a_value_the_table_cannot_take_fails_on_the_workers_naming_column_and_value() {
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 3, 100, 50);
+    let p = delta_pipeline(dir.path(), &refs(&ws), "", 3, "delta", "");
+    run_killing_a_worker(&p, &dir.path().join("p1.jsonl"), &[], None);
+    gen_orders_from(&input, 3, 3, 100, 50);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "SELECT order_id, status, amount, updated_at FROM batch",
+        "SELECT order_id, status, 'oops' AS amount, updated_at FROM batch",
+    ) + "max-batch-attempts = 1\n";
+    std::fs::write(&p, text).unwrap();
+    let out = weir_testkit::run_weir(&crate::bin(), &["run", p.to_str().unwrap()], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("batch 1") && stderr.contains("amount") && stderr.contains("'oops'"),
+        "{stderr}"
+    );
+    assert_eq!(commits(&dir.path().join("delta")).len(), 1, "only batch 0");
+}
