@@ -36,14 +36,15 @@ use weir_core::datafusion::arrow::array::{Array, RecordBatch};
 use weir_core::datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use weir_core::datafusion::common::{DataFusionError, Result as DfResult};
 use weir_core::datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use weir_core::datafusion::physical_expr::{EquivalenceProperties, Partitioning};
-use weir_core::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use weir_core::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use weir_core::datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
-use weir_core::sink::{WorkerWrite, WriteKind, WritePlan, written_batch, written_schema};
-use weir_core::storage::{Location, StorageOptions};
+use weir_core::sink::{
+    WorkerWrite, WriteKind, WritePlan, task_error, write_location, write_properties, written_batch,
+    written_schema,
+};
+use weir_core::storage::Location;
 
 use crate::error::DeltaSinkError;
 use crate::table::unloaded;
@@ -254,14 +255,8 @@ impl DeltaFilesExec {
         write: FilesWrite,
         schema: SchemaRef,
     ) -> DfResult<Self> {
-        let storage = StorageOptions::new(write.storage.clone()).map_err(external)?;
-        let at = Location::parse("sink.path", &write.table, None, &storage).map_err(external)?;
-        let props = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(written_schema()),
-            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
+        let at = write_location(&write.table, &write.storage)?;
+        let props = write_properties(&input);
         Ok(DeltaFilesExec {
             input,
             write,
@@ -275,12 +270,6 @@ impl DeltaFilesExec {
     pub fn write(&self) -> &FilesWrite {
         &self.write
     }
-}
-
-/// An error of a task, with its causes in its text: a worker's error reaches the driver as
-/// text, and only the outermost error's text survives every path there.
-fn external(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
-    DataFusionError::Execution(weir_core::sink::error_chain(&e))
 }
 
 impl DisplayAs for DeltaFilesExec {
@@ -346,7 +335,7 @@ impl ExecutionPlan for DeltaFilesExec {
         let out = async move {
             let batch_id = write.batch_id;
             let delta = |action, source| {
-                external(DeltaSinkError::Delta {
+                task_error(DeltaSinkError::Delta {
                     table: at.to_string(),
                     batch_id,
                     action,
@@ -354,7 +343,7 @@ impl ExecutionPlan for DeltaFilesExec {
                 })
             };
             let store = unloaded(&at, batch_id)
-                .map_err(external)?
+                .map_err(task_error)?
                 .log_store()
                 .object_store(None);
             let config = WriterConfig::new(
@@ -389,7 +378,7 @@ impl ExecutionPlan for DeltaFilesExec {
                 if let Err(e) = written {
                     // Unfinished uploads go; finished files are in no commit.
                     let _ = writer.abort().await;
-                    return Err(external(e));
+                    return Err(task_error(e));
                 }
                 rows += batch.num_rows() as u64;
             }
@@ -397,7 +386,7 @@ impl ExecutionPlan for DeltaFilesExec {
                 .close()
                 .await
                 .map_err(|e| delta("finishing the data files", e))?;
-            let text = serde_json::to_string(&TaskFiles { rows, adds }).map_err(external)?;
+            let text = serde_json::to_string(&TaskFiles { rows, adds }).map_err(task_error)?;
             written_batch(vec![text])
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(

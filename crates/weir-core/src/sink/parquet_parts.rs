@@ -26,10 +26,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{
-    EquivalenceProperties, LexRequirement, OrderingRequirements, Partitioning,
-};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_expr::{LexRequirement, OrderingRequirements};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -40,10 +37,11 @@ use serde::{Deserialize, Serialize};
 use super::parquet_dictionary::rows_of;
 use super::parquet_encode::{Chunker, ParquetCompression, put_encoded};
 use super::worker_write::{
-    WorkerWrite, WriteKind, WritePlan, written_batch, written_rows, written_schema,
+    WorkerWrite, WriteKind, WritePlan, task_error, write_location, write_properties, written_batch,
+    written_rows, written_schema,
 };
 use crate::error::{Error, Result};
-use crate::storage::{Location, StorageOptions, temp_target};
+use crate::storage::{Location, temp_target};
 
 /// The folder, inside the sink's, where tasks write before the driver's commit.
 pub(crate) const STAGING: &str = "_weir_staging";
@@ -135,14 +133,8 @@ impl ParquetPartsExec {
     /// The write `write` of `input`'s rows. An error if the folder's URL or settings are
     /// not valid here.
     pub fn try_new(input: Arc<dyn ExecutionPlan>, write: PartsWrite) -> DfResult<Self> {
-        let storage = StorageOptions::new(write.storage.clone()).map_err(external)?;
-        let dir = Location::parse("sink.path", &write.dir, None, &storage).map_err(external)?;
-        let props = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(written_schema()),
-            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
+        let dir = write_location(&write.dir, &write.storage)?;
+        let props = write_properties(&input);
         let order = input.output_ordering().cloned().map(LexRequirement::from);
         Ok(ParquetPartsExec {
             input,
@@ -162,10 +154,6 @@ impl ParquetPartsExec {
     pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
         &self.input
     }
-}
-
-fn external(e: Error) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
 }
 
 impl DisplayAs for ParquetPartsExec {
@@ -239,7 +227,7 @@ impl ExecutionPlan for ParquetPartsExec {
         let write = self.write.clone();
         let run = uuid::Uuid::new_v4();
         let out = async move {
-            staging.create_dir().await.map_err(external)?;
+            staging.create_dir().await.map_err(task_error)?;
             let mut chunks = Chunker::new(write.target_rows_per_file);
             let (mut names, mut counts) = (Vec::new(), Vec::new());
             let mut put = async |part: Vec<RecordBatch>| -> DfResult<()> {
@@ -254,7 +242,7 @@ impl ExecutionPlan for ParquetPartsExec {
                     write.batch_id,
                 )
                 .await
-                .map_err(external)?;
+                .map_err(task_error)?;
                 names.push(name);
                 Ok(())
             };

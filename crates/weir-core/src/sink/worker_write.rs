@@ -11,6 +11,7 @@
 //! hands the list to the cluster, so connectors stay free of the transport.
 
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -24,12 +25,15 @@ use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext
 use datafusion::logical_expr::{
     Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use datafusion::prelude::DataFrame;
 
 use crate::error::{Error, Result};
 use crate::source::leaf::ScanKind;
+use crate::storage::{Location, StorageOptions};
 
 /// A node that writes its input's rows where it runs and outputs what it wrote.
 pub trait WorkerWrite: ExecutionPlan {
@@ -111,6 +115,30 @@ pub fn written_schema() -> SchemaRef {
 pub fn written_batch(rows: Vec<String>) -> DfResult<RecordBatch> {
     RecordBatch::try_new(written_schema(), vec![Arc::new(StringArray::from(rows))])
         .map_err(DataFusionError::from)
+}
+
+/// The properties of a write over `input`: one output partition per input partition, each
+/// giving its [`written_schema`] rows once its writes are done.
+pub fn write_properties(input: &Arc<dyn ExecutionPlan>) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(written_schema()),
+        Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
+        EmissionType::Final,
+        Boundedness::Bounded,
+    ))
+}
+
+/// The location a write names by its URL (as parsed, percent-encoded) and object-store
+/// settings, rebuilt where the task runs.
+pub fn write_location(url: &str, storage: &BTreeMap<String, String>) -> DfResult<Location> {
+    let storage = StorageOptions::new(storage.clone()).map_err(task_error)?;
+    Location::parse("sink.path", url, None, &storage).map_err(task_error)
+}
+
+/// A task's error, with its causes in its text: a worker's error reaches the driver as
+/// text, and only the outermost error's text survives every path there.
+pub fn task_error(e: impl std::error::Error + 'static) -> DataFusionError {
+    DataFusionError::Execution(crate::error::error_chain(&e))
 }
 
 /// The rows of a write's output, in the order the tasks gave them.
