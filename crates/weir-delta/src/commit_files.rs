@@ -123,8 +123,9 @@ impl Files<'_> {
         }
         let store = table.log_store().object_store(None);
         for add in adds {
-            let path = Path::from_url_path(&add.path)
-                .map_err(|e| self.delta(batch_id, "reading a data file's path", e.into()))?;
+            // As delta-rs's writer made it and its readers take it: the text as it is (a
+            // partition folder's name is percent-escaped on disk, not decoded).
+            let path = Path::parse(&add.path).unwrap_or_else(|_| Path::from(add.path.as_str()));
             let found = match store.head(&path).await {
                 Ok(_) => true,
                 Err(deltalake::ObjectStoreError::NotFound { .. }) => false,

@@ -327,3 +327,32 @@ async fn a_value_the_table_cannot_take_fails_on_the_workers_naming_column_and_va
     );
     assert_eq!(commits(&dir.path().join("delta")).len(), 1, "only batch 0");
 }
+
+/// A partition value that delta-rs escapes in its folder's name (`ü ß [x]` is written as
+/// `status=%C3%BC%20...`): the driver finds the tasks' files where they are and commits.
+#[tokio::test]
+async fn an_escaped_partition_folder_written_by_the_workers_is_found_and_committed() {
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 3, 100, 50);
+    std::fs::write(
+        input.join("odd [1].json"),
+        "{\"order_id\": 7, \"status\": \"ü ß [x]\", \"amount\": 1.5, \"updated_at\": \"2026-01-01T00:00:00Z\"}\n\
+         {\"order_id\": 8, \"status\": null, \"amount\": null, \"updated_at\": null}\n",
+    )
+    .unwrap();
+    let p = delta_pipeline(
+        dir.path(),
+        &refs(&ws),
+        "",
+        2,
+        "delta",
+        "partition-by = [\"status\"]",
+    );
+    run_killing_a_worker(&p, &dir.path().join("p.jsonl"), &[], None);
+    assert_eq!(
+        table_rows(&dir.path().join("delta")).await,
+        input_rows(&input).await
+    );
+}
