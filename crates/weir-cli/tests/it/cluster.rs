@@ -448,6 +448,47 @@ async fn the_driver_killed_at_its_fault_points_replays_on_the_workers_exactly() 
     }
 }
 
+/// A pipeline `name` reading the order files under `root`/in on the S3 server, with `sink`
+/// (its `[[sink]]` keys) and `workers`, its checkpoint in `dir`.
+pub(crate) fn s3_cluster_pipeline(
+    dir: &Path,
+    workers: &[Worker],
+    name: &str,
+    root: &weir_core::storage::Location,
+    sink: &str,
+) -> std::path::PathBuf {
+    let urls: Vec<String> = workers.iter().map(|w| format!("\"{}\"", w.url)).collect();
+    let text = format!(
+        r#"[query]
+name = "{name}"
+checkpoint = "{chk}"
+
+[storage]
+{storage}
+[source]
+type = "files"
+path = "{input}"
+format = "json"
+schema = {SCHEMA}
+max-files-per-trigger = 3
+
+[[sink]]
+{sink}
+
+[cluster]
+workers = [{workers}]
+connect-timeout = "2s"
+"#,
+        chk = dir.join("chk").display(),
+        storage = crate::storage::storage_table(&weir_testkit::s3().options()),
+        input = root.join("in").url_string(),
+        workers = urls.join(", "),
+    );
+    let p = dir.join("s3.toml");
+    std::fs::write(&p, &text).unwrap();
+    p
+}
+
 /// The input and the Parquet folder on the S3 server, three workers: the workers write the
 /// parts to S3 and the driver copies them into place. Killed after the first of a batch's
 /// moves and after all of them, run again: every row once, staging empty.
@@ -461,37 +502,16 @@ async fn parquet_parts_written_by_workers_to_s3_land_once_after_kills_between_mo
     let local_in = dir.path().join("in");
     gen_orders(&local_in, 8, 300, 100);
     crate::storage::upload_orders(&local_in, &root.join("in")).await;
-    let urls: Vec<String> = ws.iter().map(|w| format!("\"{}\"", w.url)).collect();
-    let text = format!(
-        r#"[query]
-name = "parts-on-s3"
-checkpoint = "{chk}"
-
-[storage]
-{storage}
-[source]
-type = "files"
-path = "{input}"
-format = "json"
-schema = {SCHEMA}
-max-files-per-trigger = 3
-
-[[sink]]
-type = "parquet"
-path = "{parquet}"
-
-[cluster]
-workers = [{workers}]
-connect-timeout = "2s"
-"#,
-        chk = dir.path().join("chk").display(),
-        storage = crate::storage::storage_table(&weir_testkit::s3().options()),
-        input = root.join("in").url_string(),
-        parquet = root.join("parquet").url_string(),
-        workers = urls.join(", "),
+    let p = s3_cluster_pipeline(
+        dir.path(),
+        &ws,
+        "parts-on-s3",
+        &root,
+        &format!(
+            "type = \"parquet\"\npath = \"{}\"",
+            root.join("parquet").url_string()
+        ),
     );
-    let p = dir.path().join("s3.toml");
-    std::fs::write(&p, &text).unwrap();
     for fault in [
         format!("{PARQUET_BETWEEN_MOVES}@1"),
         format!("{}@2", PARQUET_POINTS[1]),

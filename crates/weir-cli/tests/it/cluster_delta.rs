@@ -8,7 +8,9 @@ use weir_core::datafusion::prelude::SessionContext;
 use weir_core::fault::BEFORE_COMMIT_WRITE;
 use weir_testkit::{rows, temp_dir};
 
-use crate::cluster::{COLS, Worker, WorkerKill, cluster_pipeline, refs, run_killing_a_worker};
+use crate::cluster::{
+    COLS, Worker, WorkerKill, cluster_pipeline, refs, run_killing_a_worker, s3_cluster_pipeline,
+};
 use crate::kills::killed_in_batch_2_then_rerun;
 use crate::{gen_orders, gen_orders_from, input_rows, last_progress, progress_batches};
 
@@ -210,39 +212,11 @@ async fn delta_files_written_by_workers_to_s3_commit_once_after_driver_kills() {
     let local_in = dir.path().join("in");
     gen_orders(&local_in, 8, 300, 100);
     crate::storage::upload_orders(&local_in, &root.join("in")).await;
-    let urls: Vec<String> = ws.iter().map(|w| format!("\"{}\"", w.url)).collect();
-    let text = format!(
-        r#"[query]
-name = "delta-on-s3"
-checkpoint = "{chk}"
-
-[storage]
-{storage}
-[source]
-type = "files"
-path = "{input}"
-format = "json"
-schema = {schema}
-max-files-per-trigger = 3
-
-[[sink]]
-type = "delta-append"
-path = "{table}"
-partition-by = ["status"]
-
-[cluster]
-workers = [{workers}]
-connect-timeout = "2s"
-"#,
-        chk = dir.path().join("chk").display(),
-        storage = crate::storage::storage_table(&weir_testkit::s3().options()),
-        input = root.join("in").url_string(),
-        schema = crate::SCHEMA,
-        table = root.join("delta").url_string(),
-        workers = urls.join(", "),
+    let sink = format!(
+        "type = \"delta-append\"\npath = \"{}\"\npartition-by = [\"status\"]",
+        root.join("delta").url_string()
     );
-    let p = dir.path().join("s3.toml");
-    std::fs::write(&p, &text).unwrap();
+    let p = s3_cluster_pipeline(dir.path(), &ws, "delta-on-s3", &root, &sink);
     for fault in [
         format!("{}@1", weir_delta::POINT_BEFORE_COMMIT),
         format!("{}@2", weir_delta::POINT_AFTER_COMMIT),
