@@ -23,6 +23,11 @@ impl Conn {
         }
     }
 
+    /// The server, as given (may hold a password: never shown).
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
     /// A live client (connecting if there is none or it closed). A new connection first
     /// creates `ledger` if it is missing, so batches do not pay for that statement.
     pub(crate) async fn get(
@@ -40,7 +45,7 @@ impl Conn {
             // Timestamps are UTC instants: a `timestamp` column gets UTC wall time, never
             // the server's local time.
             client.batch_execute("SET TIME ZONE 'UTC'").await?;
-            client.batch_execute(&create_ledger_sql(ledger)).await?;
+            create_if_missing(&client, &create_ledger_sql(ledger)).await?;
             *guard = Some(client);
         }
         Ok(guard)
@@ -51,6 +56,25 @@ impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the URL: it may hold a password.
         f.write_str("Conn(..)")
+    }
+}
+
+/// Runs a `CREATE .. IF NOT EXISTS`. Two sessions creating the same table at once can both
+/// pass the check; the loser then fails on the catalog's unique index although the table
+/// is there, which is what it wanted.
+pub(crate) async fn create_if_missing(
+    client: &Client,
+    sql: &str,
+) -> Result<(), tokio_postgres::Error> {
+    use tokio_postgres::error::SqlState;
+    match client.batch_execute(sql).await {
+        Err(e)
+            if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                || e.code() == Some(&SqlState::DUPLICATE_TABLE) =>
+        {
+            Ok(())
+        }
+        other => other,
     }
 }
 
