@@ -74,6 +74,23 @@ pub enum PostgresSinkError {
         recorded: u64,
     },
 
+    /// The tasks on the workers staged more rows than the driver's connection finds: they
+    /// reached another server (a `localhost` URL names each machine's own). Nothing was
+    /// upserted.
+    #[error(
+        "PostgreSQL table {table}: batch {batch_id}: the tasks on the workers staged {staged} \
+         rows in {staging}, but the driver's connection finds {found} there: the driver and \
+         every worker must reach the same PostgreSQL server with the sink's url (`localhost` \
+         names each machine's own); nothing was upserted"
+    )]
+    StagingMissing {
+        table: String,
+        batch_id: u64,
+        staging: String,
+        staged: u64,
+        found: u64,
+    },
+
     /// A setting is unusable; `key` names it.
     #[error("PostgreSQL table {table}: invalid setting '{key}': {reason}")]
     Config {

@@ -31,7 +31,7 @@ pub use config::{DEFAULT_LEDGER, LoadName, PostgresReader, PostgresUpsertConfig}
 pub use error::PostgresSinkError;
 pub use ledger::{LEDGER_KEEP_BATCHES, PostgresLedger};
 pub use types::pg_type;
-pub use upsert::{LoadMode, PostgresUpsert};
+pub use upsert::{LoadMode, PG_STAGING, PgStagingExec, PostgresUpsert, StagingWrite};
 
 /// With a persistent staging table: after the batch's rows are staged (outside the
 /// transaction).

@@ -83,7 +83,7 @@ pub fn temp_dir() -> tempfile::TempDir {
 }
 
 mod pg;
-pub use pg::{PgServer, postgres};
+pub use pg::{PgServer, postgres, start_postgres};
 
 /// Runs `sql` on the server at `url` and returns the rows as `a|b|c` strings, sorted.
 /// Every column must be castable to text (the query should `::text` what it selects).

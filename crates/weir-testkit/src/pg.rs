@@ -80,6 +80,13 @@ fn run(mut c: Command, what: &str) {
 }
 
 fn start() -> PgServer {
+    start_postgres("127.0.0.1", free_port())
+}
+
+/// Another throw-away server, listening on `addr` (a loopback address: `127.0.0.2` is free
+/// on Linux) and `port`, stopped when the test process ends. Two servers on one port and
+/// different addresses stand for "the same URL reaches another server on another machine".
+pub fn start_postgres(addr: &str, port: u16) -> PgServer {
     let bin = bin_dir();
     let dir = crate::temp_dir().keep();
     let data = dir.join("data");
@@ -107,9 +114,8 @@ fn start() -> PgServer {
         ),
         "initdb",
     );
-    let port = free_port();
     let opts = format!(
-        "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+        "-p {port} -k {} -c listen_addresses={addr} -c fsync=off -c max_connections=200",
         dir.display()
     );
     let log = dir.join("pg.log").to_string_lossy().to_string();
@@ -132,6 +138,6 @@ fn start() -> PgServer {
         .stderr(Stdio::null())
         .spawn();
     PgServer {
-        url: format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
+        url: format!("host={addr} port={port} user=postgres dbname=postgres"),
     }
 }

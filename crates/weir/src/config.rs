@@ -48,7 +48,11 @@ pub const SCANS: &[&ScanKind] = &[
 
 /// Every write a sink makes on a cluster's workers (sinks whose `writes_on_workers` is
 /// true).
-pub const WRITES: &[&WriteKind] = &[&weir_core::sink::PARQUET_PARTS, &weir_delta::DELTA_FILES];
+pub const WRITES: &[&WriteKind] = &[
+    &weir_core::sink::PARQUET_PARTS,
+    &weir_delta::DELTA_FILES,
+    &weir_postgres::PG_STAGING,
+];
 
 /// The scans and writes the driver's codec and every worker's carry.
 pub const NODES: PlanNodes = PlanNodes {

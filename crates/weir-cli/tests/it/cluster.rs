@@ -62,6 +62,18 @@ impl Worker {
         Worker::spawn(cmd)
     }
 
+    /// Starts a worker that resolves host names with `hosts` as its `/etc/hosts`
+    /// (bind-mounted in a mount namespace of its own): a machine whose names point
+    /// elsewhere than the driver's.
+    pub(crate) fn start_with_hosts(hosts: &Path) -> Worker {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg("mount --bind \"$0\" /etc/hosts && exec \"$1\" worker --listen 127.0.0.1:0")
+            .arg(hosts)
+            .arg(bin());
+        Worker::spawn(cmd)
+    }
+
     /// Runs `cmd` (a `weir worker` command) and waits for the address it listens on.
     fn spawn(mut cmd: Command) -> Worker {
         cmd.env("RUST_LOG", "warn")

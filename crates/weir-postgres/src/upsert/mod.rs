@@ -1,7 +1,10 @@
 //! Upsert by key with an ordering guard, exactly once per batch.
 
+mod on_workers;
 mod rows;
 mod sql;
+
+pub use on_workers::{PG_STAGING, PgStagingExec, StagingWrite};
 
 use async_trait::async_trait;
 use tokio_postgres::Client;
@@ -11,11 +14,12 @@ use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::{BatchContext, BoxError, ForeachBatch, dedupe_latest, fault};
 
+use weir_core::sink::PlanRunner;
 use weir_core::sink::upsert::apply_null_rules;
 use weir_core::{NullKeys, NullOrdering, SinkMetric};
 
 use crate::error::PostgresSinkError;
-use crate::ledger::{Claim, Conn, claim};
+use crate::ledger::{Claim, Conn, claim, create_if_missing};
 use crate::types::{Cell, is_text, pg_type, prepare_columns};
 use crate::{
     POINT_AFTER_COMMIT, POINT_AFTER_COPY, POINT_AFTER_STAGING, POINT_BEFORE_BEGIN,
@@ -301,13 +305,7 @@ impl PostgresUpsert {
         ctx: &BatchContext,
     ) -> Result<Loaded, PostgresSinkError> {
         let id = ctx.batch_id;
-        if self.keys.is_empty() {
-            return Err(PostgresSinkError::Config {
-                table: self.table.clone(),
-                key: "keys",
-                reason: "an upsert needs at least one key column".into(),
-            });
-        }
+        self.check_keys()?;
         let sink = self.label();
         let cols = self.columns(batch.schema().inner())?;
         let (batch, dropped) = apply_null_rules(
@@ -360,34 +358,12 @@ impl PostgresUpsert {
         let client = guard
             .as_mut()
             .ok_or_else(|| PostgresSinkError::no_connection(&self.table))?;
-        let made = self.made.load(std::sync::atomic::Ordering::Acquire);
-        if self.create_table && !made {
-            let keys = quote_list(&self.keys);
-            let sql = format!(
-                "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({keys}))",
-                quote_ident(&self.table),
-                Self::column_defs(&cols)
-            );
-            client
-                .batch_execute(&sql)
-                .await
-                .map_err(self.db(id, "creating the table"))?;
-        }
+        self.make_tables(client, &cols, self.staging.as_deref(), id)
+            .await?;
         let list = quote_list(&cols.names);
         if let Some(staging) = &self.staging {
             // The seed's variant: stage outside the transaction, cleared per attempt.
             let st = quote_ident(staging);
-            if !made {
-                client
-                    .batch_execute(&format!(
-                        // UNLOGGED: staging rows are cleared on every attempt anyway, so they
-                        // need no WAL (a server crash empties the table, which is harmless).
-                        "CREATE UNLOGGED TABLE IF NOT EXISTS {st} ({}, weir_app_id text NOT NULL, weir_batch_id bigint NOT NULL)",
-                        Self::column_defs(&cols)
-                    ))
-                    .await
-                    .map_err(self.db(id, "creating the staging table"))?;
-            }
             let clear = format!("DELETE FROM {st} WHERE weir_app_id = $1 AND weir_batch_id = $2");
             client
                 .execute(&clear, &[&app_id, &(id as i64)])
@@ -403,7 +379,6 @@ impl PostgresUpsert {
                 .await?;
             fault::hit(POINT_AFTER_STAGING, id).map_err(self.engine(id))?;
         }
-        self.made.store(true, std::sync::atomic::Ordering::Release);
         Ok(Loaded {
             cols,
             rows,
@@ -414,6 +389,89 @@ impl PostgresUpsert {
             },
             guard,
         })
+    }
+
+    fn check_keys(&self) -> Result<(), PostgresSinkError> {
+        if self.keys.is_empty() {
+            return Err(PostgresSinkError::Config {
+                table: self.table.clone(),
+                key: "keys",
+                reason: "an upsert needs at least one key column".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The target table (with `create_table`) and the staging table, unless an earlier
+    /// batch of this sink made or found them.
+    async fn make_tables(
+        &self,
+        client: &Client,
+        cols: &Columns,
+        staging: Option<&str>,
+        id: u64,
+    ) -> Result<(), PostgresSinkError> {
+        if self.made.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        if self.create_table {
+            let keys = quote_list(&self.keys);
+            let sql = format!(
+                "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({keys}))",
+                quote_ident(&self.table),
+                Self::column_defs(cols)
+            );
+            create_if_missing(client, &sql)
+                .await
+                .map_err(self.db(id, "creating the table"))?;
+        }
+        if let Some(staging) = staging {
+            // UNLOGGED: staging rows are cleared on every attempt anyway, so they need no WAL
+            // (a server crash empties the table, which is harmless).
+            let sql = format!(
+                "CREATE UNLOGGED TABLE IF NOT EXISTS {} ({}, weir_app_id text NOT NULL, weir_batch_id bigint NOT NULL)",
+                quote_ident(staging),
+                Self::column_defs(cols)
+            );
+            create_if_missing(client, &sql)
+                .await
+                .map_err(self.db(id, "creating the staging table"))?;
+        }
+        self.made.store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// The ledger has a row for the batch (or a later one): fine for a replay of this
+    /// query's batch; otherwise the rows were written by another query with the same ledger
+    /// key, which is an error unless `allow_app_id_reuse`.
+    fn landed_before(
+        &self,
+        claimed: Claim,
+        id: u64,
+        is_replay: bool,
+        app_id: &str,
+    ) -> Result<(), PostgresSinkError> {
+        // Only a replay can find its own ledger row, and nothing of this query can be
+        // beyond the batch.
+        let Recorded::NotOurs(recorded) = claimed.decide(id, is_replay) else {
+            return Ok(());
+        };
+        if !self.allow_app_id_reuse {
+            return Err(PostgresSinkError::AppIdInUse {
+                table: self.table.clone(),
+                batch_id: id,
+                ledger: self.ledger.clone(),
+                app_id: app_id.to_string(),
+                recorded,
+            });
+        }
+        tracing::warn!(
+            table = %self.table,
+            "batch {id} skipped: the ledger {} holds batch {recorded} for app id \
+             '{app_id}' (allow-app-id-reuse is on)",
+            self.ledger
+        );
+        Ok(())
     }
 
     async fn upsert(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), PostgresSinkError> {
@@ -485,30 +543,7 @@ impl PostgresUpsert {
             .await
             .map_err(self.db(id, "claiming the batch in the ledger"))?;
         if claimed != Claim::New {
-            // Only a replay can find its own ledger row, and nothing of this query can be
-            // beyond the batch: such rows were written by another query with the same
-            // ledger key.
-            let recorded = match claimed.decide(id, ctx.is_replay) {
-                Recorded::NotOurs(n) => Some(n),
-                _ => None,
-            };
-            if let Some(recorded) = recorded {
-                if !self.allow_app_id_reuse {
-                    return Err(PostgresSinkError::AppIdInUse {
-                        table: self.table.clone(),
-                        batch_id: id,
-                        ledger: self.ledger.clone(),
-                        app_id,
-                        recorded,
-                    });
-                }
-                tracing::warn!(
-                    table = %self.table,
-                    "batch {id} skipped: the ledger {} holds batch {recorded} for app id \
-                     '{app_id}' (allow-app-id-reuse is on)",
-                    self.ledger
-                );
-            }
+            self.landed_before(claimed, id, ctx.is_replay, &app_id)?;
             if let Some(staging) = &self.staging {
                 let clear = format!(
                     "DELETE FROM {} WHERE weir_app_id = $1 AND weir_batch_id = $2",
@@ -598,6 +633,21 @@ impl ForeachBatch for PostgresUpsert {
         let open = self.open(batch, &ctx).await?;
         *self.staged.lock().await = Some(open);
         Ok(())
+    }
+
+    /// Binary COPY works from tasks; the `insert` load (for servers or poolers without
+    /// COPY) stays in this process.
+    fn writes_on_workers(&self) -> bool {
+        self.load == LoadMode::Copy
+    }
+
+    async fn write_on_workers(
+        &self,
+        batch: DataFrame,
+        ctx: BatchContext,
+        run: &dyn PlanRunner,
+    ) -> Result<(), BoxError> {
+        Ok(self.upsert_on_workers(batch, &ctx, run).await?)
     }
 
     async fn discard(&self, ctx: BatchContext) {

@@ -1,6 +1,5 @@
 //! Loading a batch's rows into a table: binary COPY a chunk at a time, or INSERT.
 
-use futures::pin_mut;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, CopyInSink};
 
@@ -8,10 +7,81 @@ use super::{COPY_CHUNK, Columns, PostgresUpsert};
 use crate::error::PostgresSinkError;
 use crate::types::{COPY_HEADER, COPY_TRAILER, Cell};
 
+/// Why a COPY stopped: a value that cannot be encoded (the column's index, past the batch's
+/// columns for the `extra` cells), or the server.
+#[derive(Debug)]
+pub(crate) enum CopyFailure {
+    Value(usize, String),
+    Db(tokio_postgres::Error),
+}
+
+/// Binary COPY data streamed into a `COPY .. FROM STDIN`, encoded a chunk at a time (each
+/// about [`COPY_CHUNK`] bytes, queued without waiting for the server in between), with the
+/// `extra` cells (text, then int8) after each row's. Dropped before
+/// [`CopyWriter::finish`], the COPY is aborted and nothing of it lands.
+pub(crate) struct CopyWriter {
+    sink: std::pin::Pin<Box<CopyInSink<bytes::Bytes>>>,
+    types: Vec<Type>,
+    buf: bytes::BytesMut,
+}
+
+impl CopyWriter {
+    pub(crate) fn new(sink: CopyInSink<bytes::Bytes>, types: &[Type], extra: bool) -> Self {
+        let mut types = types.to_vec();
+        if extra {
+            types.extend([Type::TEXT, Type::INT8]);
+        }
+        let mut buf = bytes::BytesMut::with_capacity(COPY_CHUNK + 4096);
+        buf.extend_from_slice(COPY_HEADER);
+        CopyWriter {
+            sink: Box::pin(sink),
+            types,
+            buf,
+        }
+    }
+
+    /// Every row of `rows`, each followed by `extra`.
+    pub(crate) async fn put(
+        &mut self,
+        rows: &crate::types::CopyRows,
+        extra: &[Cell<'_>],
+    ) -> Result<(), CopyFailure> {
+        use futures::SinkExt;
+        for row in 0..rows.rows() {
+            rows.put_copy_row(row, &self.types, extra, &mut self.buf)
+                .map_err(|(i, reason)| CopyFailure::Value(i, reason))?;
+            if self.buf.len() >= COPY_CHUNK {
+                let chunk = self.buf.split().freeze();
+                self.sink
+                    .as_mut()
+                    .feed(chunk)
+                    .await
+                    .map_err(CopyFailure::Db)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the COPY: the rows the server took.
+    pub(crate) async fn finish(mut self) -> Result<u64, tokio_postgres::Error> {
+        use futures::SinkExt;
+        self.buf.extend_from_slice(COPY_TRAILER);
+        let rest = self.buf.split().freeze();
+        self.sink.as_mut().feed(rest).await?;
+        self.sink.as_mut().finish().await
+    }
+}
+
+/// The name of column `i` of a COPY of `names` and the two ledger columns.
+pub(crate) fn copy_column(names: &[String], i: usize) -> String {
+    names
+        .get(i)
+        .cloned()
+        .unwrap_or_else(|| ["weir_app_id", "weir_batch_id"][(i - names.len()).min(1)].into())
+}
+
 impl PostgresUpsert {
-    /// Streams `batches` as binary COPY data into `sink`, encoded a chunk at a time (each
-    /// about [`COPY_CHUNK`] bytes, queued without waiting for the server in between), with
-    /// the `extra` cells (text, then int8) after each row's. A value that cannot be encoded
+    /// Streams `batches` into `sink` with a [`CopyWriter`]. A value that cannot be encoded
     /// aborts the COPY, so nothing of it lands.
     pub(super) async fn copy_rows(
         &self,
@@ -22,41 +92,19 @@ impl PostgresUpsert {
         batches: &[crate::types::CopyRows],
         extra: &[Cell<'_>],
     ) -> Result<u64, PostgresSinkError> {
-        use futures::SinkExt;
-        let mut types = cols.types.clone();
-        if !extra.is_empty() {
-            types.extend([Type::TEXT, Type::INT8]);
-        }
-        pin_mut!(sink);
-        let mut buf = bytes::BytesMut::with_capacity(COPY_CHUNK + 4096);
-        buf.extend_from_slice(COPY_HEADER);
+        let mut copy = CopyWriter::new(sink, &cols.types, !extra.is_empty());
         for b in batches {
-            for row in 0..b.rows() {
-                b.put_copy_row(row, &types, extra, &mut buf)
-                    .map_err(|(i, reason)| PostgresSinkError::BadValue {
-                        table: self.table.clone(),
-                        batch_id: id,
-                        // Past the batch's columns: the two ledger columns.
-                        column: cols.names.get(i).cloned().unwrap_or_else(|| {
-                            ["weir_app_id", "weir_batch_id"][(i - cols.names.len()).min(1)].into()
-                        }),
-                        reason,
-                    })?;
-                if buf.len() >= COPY_CHUNK {
-                    let chunk = buf.split().freeze();
-                    sink.as_mut()
-                        .feed(chunk)
-                        .await
-                        .map_err(self.db(id, action))?;
-                }
-            }
+            copy.put(b, extra).await.map_err(|e| match e {
+                CopyFailure::Value(i, reason) => PostgresSinkError::BadValue {
+                    table: self.table.clone(),
+                    batch_id: id,
+                    column: copy_column(&cols.names, i),
+                    reason,
+                },
+                CopyFailure::Db(e) => self.db(id, action)(e),
+            })?;
         }
-        buf.extend_from_slice(COPY_TRAILER);
-        sink.as_mut()
-            .feed(buf.freeze())
-            .await
-            .map_err(self.db(id, action))?;
-        sink.finish().await.map_err(self.db(id, action))
+        copy.finish().await.map_err(self.db(id, action))
     }
 
     pub(super) async fn insert_rows(

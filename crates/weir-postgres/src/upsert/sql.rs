@@ -44,6 +44,42 @@ impl PostgresUpsert {
         )
     }
 
+    /// `INSERT INTO <into> SELECT DISTINCT ON (<keys>) ... FROM <from> <filter> ORDER BY
+    /// <keys>, <order columns> DESC NULLS LAST`: the greatest row of each key in the order
+    /// of [`Self::newer_sql`], as one process's dedupe keeps it. Without the dedupe, rows
+    /// equal in every column become one (a failed attempt's tasks may have staged them).
+    pub(super) fn dedupe_sql(
+        &self,
+        cols: &Columns,
+        into: &str,
+        from: &str,
+        filter: &str,
+    ) -> String {
+        let list = quote_list(&cols.names);
+        let select = if self.dedupe {
+            let order: Vec<String> = order_columns(&cols.names, &self.keys, &self.ordering)
+                .iter()
+                .map(|c| {
+                    let text = cols
+                        .names
+                        .iter()
+                        .position(|n| n == c)
+                        .is_some_and(|i| cols.text[i]);
+                    let collate = if text { " COLLATE \"C\"" } else { "" };
+                    format!("{}{collate} DESC NULLS LAST", quote_ident(c))
+                })
+                .collect();
+            let keys = quote_list(&self.keys);
+            format!(
+                "SELECT DISTINCT ON ({keys}) {list} FROM {from} {filter} ORDER BY {keys}, {}",
+                order.join(", ")
+            )
+        } else {
+            format!("SELECT DISTINCT {list} FROM {from} {filter}")
+        };
+        format!("INSERT INTO {into} ({list}) {select}")
+    }
+
     /// `EXCLUDED` (the incoming row) is greater than `t` (the stored one) in the total
     /// order of `weir_core::sink::upsert`: the ordering column, then the other non-key
     /// columns, NULL lowest, text in byte order (`COLLATE "C"`, as Arrow compares).
