@@ -10,7 +10,8 @@ use weir_core::datafusion::common::{Column, ScalarValue};
 use weir_core::datafusion::functions_aggregate::expr_fn::count;
 use weir_core::datafusion::logical_expr::{Operator, binary_expr};
 use weir_core::datafusion::prelude::{DataFrame, Expr, SessionContext, lit};
-use weir_core::sink::upsert::{apply_null_rules, order_columns};
+use weir_core::sink::PlanRunner;
+use weir_core::sink::upsert::{apply_null_rules, newest_on_workers, order_columns};
 use weir_core::storage::Location;
 use weir_core::{
     BatchContext, BoxError, ForeachBatch, NullKeys, NullOrdering, SinkMetric, dedupe_latest, fault,
@@ -202,7 +203,14 @@ impl DeltaMerge {
         }
     }
 
-    async fn merge(&self, batch: DataFrame, ctx: &BatchContext) -> Result<(), DeltaSinkError> {
+    /// The MERGE of `batch`: with `run` (a cluster), the NULL rules and the newest row per
+    /// key are computed on the workers and only the winners come here for the MERGE.
+    async fn merge(
+        &self,
+        batch: DataFrame,
+        ctx: &BatchContext,
+        run: Option<&dyn PlanRunner>,
+    ) -> Result<(), DeltaSinkError> {
         let id = ctx.batch_id;
         self.check()?;
         let sink = self.label();
@@ -218,26 +226,43 @@ impl DeltaMerge {
         let Some(table) = prepared.table else {
             return Ok(());
         };
-        let (batch, dropped) = apply_null_rules(
-            batch,
-            &self.keys,
-            &self.ordering,
-            self.null_keys,
-            self.null_ordering,
-            &sink,
-            id,
-        )
-        .await
-        .map_err(self.engine(id))?;
+        let (source, dropped) = match run {
+            Some(run) if self.dedupe => newest_on_workers(
+                batch,
+                &self.keys,
+                &self.ordering,
+                self.null_keys,
+                self.null_ordering,
+                &sink,
+                id,
+                run,
+            )
+            .await
+            .map_err(self.engine(id))?,
+            _ => {
+                let (batch, dropped) = apply_null_rules(
+                    batch,
+                    &self.keys,
+                    &self.ordering,
+                    self.null_keys,
+                    self.null_ordering,
+                    &sink,
+                    id,
+                )
+                .await
+                .map_err(self.engine(id))?;
+                let source = if self.dedupe {
+                    dedupe_latest(batch, &self.keys, &self.ordering).map_err(self.engine(id))?
+                } else {
+                    self.refuse_duplicates(batch.clone(), id).await?;
+                    batch
+                };
+                (source, dropped)
+            }
+        };
         if dropped > 0 {
             ctx.metrics.record(&sink, SinkMetric::Dropped, dropped);
         }
-        let source = if self.dedupe {
-            dedupe_latest(batch, &self.keys, &self.ordering).map_err(self.engine(id))?
-        } else {
-            self.refuse_duplicates(batch.clone(), id).await?;
-            batch
-        };
         let schema = source.schema().inner().clone();
         let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
         let mut batches = source
@@ -456,6 +481,22 @@ pub(crate) fn newer(columns: &[String]) -> Expr {
 #[async_trait]
 impl ForeachBatch for DeltaMerge {
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
-        Ok(self.merge(batch, &ctx).await?)
+        Ok(self.merge(batch, &ctx, None).await?)
+    }
+
+    /// With the in-batch dedupe on, the batch's rows stay on the workers, which find the
+    /// newest row of each key; the MERGE (delta-rs plans it over the table, in one process)
+    /// runs here on those rows only.
+    fn writes_on_workers(&self) -> bool {
+        self.dedupe
+    }
+
+    async fn write_on_workers(
+        &self,
+        batch: DataFrame,
+        ctx: BatchContext,
+        run: &dyn PlanRunner,
+    ) -> Result<(), BoxError> {
+        Ok(self.merge(batch, &ctx, Some(run)).await?)
     }
 }

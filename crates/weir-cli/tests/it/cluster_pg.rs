@@ -15,7 +15,7 @@ use crate::{bin, last_progress, progress_batches, weir_cli_schema};
 
 /// `files` order files of `rows` rows over `keys` keys, with ties on the timestamp and
 /// NULL statuses and amounts (`weir gen --odd`).
-fn gen_odd_orders(input: &Path, files: usize, rows: usize, keys: u64) {
+pub(crate) fn gen_odd_orders(input: &Path, files: usize, rows: usize, keys: u64) {
     let out = run_weir(
         &bin(),
         &[
@@ -97,7 +97,7 @@ async fn table_rows(table: &str) -> Vec<String> {
 
 /// Rows as `a|b|c` texts from two printers (DataFusion, PostgreSQL) in one form: NULL and
 /// the empty text as `NULL`, numbers as Rust prints an `f64`; sorted.
-fn same_form(rows: Vec<String>) -> Vec<String> {
+pub(crate) fn same_form(rows: Vec<String>) -> Vec<String> {
     let mut out: Vec<String> = rows
         .iter()
         .map(|r| {
@@ -116,7 +116,7 @@ fn same_form(rows: Vec<String>) -> Vec<String> {
 
 /// The newest row per key over all of `input` whose key passes `keep`: `order_id|status|
 /// amount`, sorted.
-async fn newest_per_key(input: &Path, keep: Option<i64>) -> Vec<String> {
+pub(crate) async fn newest_per_key(input: &Path, keep: Option<i64>) -> Vec<String> {
     let ctx = SessionContext::new();
     let mut all = ctx
         .read_json(
@@ -139,6 +139,24 @@ async fn newest_per_key(input: &Path, keep: Option<i64>) -> Vec<String> {
         .select_columns(&["order_id", "status", "amount"])
         .unwrap();
     same_form(rows(newest).await)
+}
+
+/// The input rows whose `order_id % 7` is `m`.
+pub(crate) async fn count_where(input: &Path, m: i64) -> usize {
+    SessionContext::new()
+        .read_json(
+            input.to_str().unwrap(),
+            JsonReadOptions::default()
+                .schema(&weir_cli_schema())
+                .file_extension(".json"),
+        )
+        .await
+        .unwrap()
+        .filter((col("order_id") % lit(7i64)).eq(lit(m)))
+        .unwrap()
+        .count()
+        .await
+        .unwrap()
 }
 
 /// `order_id|status|amount` of `table`, sorted.
@@ -282,21 +300,7 @@ async fn null_keys_are_counted_over_every_task() {
     let table = "cluster_pg_nulls";
     let sql = "SELECT CASE WHEN order_id % 7 = 3 THEN NULL ELSE order_id END AS order_id, \
                status, amount, updated_at FROM batch WHERE order_id IS NOT NULL";
-    let nulls: usize = {
-        let ctx = SessionContext::new();
-        let df = ctx
-            .read_json(
-                input.to_str().unwrap(),
-                JsonReadOptions::default()
-                    .schema(&weir_cli_schema())
-                    .file_extension(".json"),
-            )
-            .await
-            .unwrap()
-            .filter((col("order_id") % lit(7i64)).eq(lit(3i64)))
-            .unwrap();
-        df.count().await.unwrap()
-    };
+    let nulls = count_where(&input, 3).await;
     assert!(nulls > 0);
     let with = |options: &str| {
         let p = pg_pipeline(dir.path(), &refs(&ws), 6, table, options, true);

@@ -5,6 +5,7 @@
 mod chaos;
 mod cluster;
 mod cluster_delta;
+mod cluster_merge;
 mod cluster_pg;
 mod config;
 mod durability;

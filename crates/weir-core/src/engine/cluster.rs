@@ -94,7 +94,8 @@ pub fn check_steps_on_cluster(transforms: &[Transform]) -> Result<()> {
 pub(crate) struct OnCluster {
     cluster: Arc<dyn Cluster>,
     batch_id: u64,
-    /// Input rows and tasks per worker, over the plans run.
+    /// The batch's input rows (the most any plan read) and tasks per worker, over the
+    /// plans run.
     ran: std::sync::Mutex<(u64, Vec<WorkerTasks>)>,
 }
 
@@ -118,7 +119,10 @@ impl PlanRunner for OnCluster {
     async fn run(&self, plan: DataFrame) -> Result<Vec<RecordBatch>> {
         let run = run_on_cluster(&self.cluster, plan, self.batch_id).await?;
         if let Ok(mut ran) = self.ran.lock() {
-            ran.0 += run.input_rows;
+            // Every plan of the batch reads the batch's input (a sink may run a second
+            // one, such as the MERGE's count of NULL keys): the batch's input is read once
+            // as far as its rows go; the workers' figures count all they did.
+            ran.0 = ran.0.max(run.input_rows);
             for w in run.workers {
                 match ran.1.iter_mut().find(|r| r.url == w.url) {
                     Some(r) => {

@@ -74,11 +74,23 @@ pub fn order_columns(columns: &[String], keys: &[String], ordering: &str) -> Vec
 /// a MERGE or an `ON CONFLICT DO UPDATE`, which both refuse two source rows for one target
 /// row. A replay keeps the same row.
 pub fn dedupe_latest(df: DataFrame, keys: &[String], ordering: &str) -> Result<DataFrame> {
+    dedupe_ordered(df, keys, ordering, false)
+}
+
+/// [`dedupe_latest`], or with `null_ordering_first` a row with a NULL ordering value winning
+/// its key (to find such rows among the winners).
+fn dedupe_ordered(
+    df: DataFrame,
+    keys: &[String],
+    ordering: &str,
+    null_ordering_first: bool,
+) -> Result<DataFrame> {
     let ctx = || format!("dedupe latest per ({}) by {ordering}", keys.join(", "));
     let names = checked_columns(&df, keys, ordering, &ctx())?;
     let order: Vec<SortExpr> = order_columns(&names, keys, ordering)
         .iter()
-        .map(|n| col(quote(n)).sort(false, false))
+        .enumerate()
+        .map(|(i, n)| col(quote(n)).sort(false, i == 0 && null_ordering_first))
         .collect();
     let rn = row_number()
         .partition_by(keys.iter().map(|k| col(quote(k))).collect())
@@ -285,6 +297,152 @@ impl NullScreen {
     }
 }
 
+/// What [`apply_null_rules`] then [`dedupe_latest`] give, with the rows computed where the
+/// batch's plan runs (`run`: a cluster's workers) and only the newest row of each key
+/// brought here: for a sink whose final write must run in this process (a Delta MERGE).
+///
+/// One pass finds the winners, in which a NULL key (its rows share a partition) or, under
+/// [`NullOrdering::Error`], a NULL ordering value (it then wins its key) shows whenever the
+/// batch has one; only then a second pass counts them over the whole batch, so the rules'
+/// errors and the dropped count are the batch's, as in one process.
+#[allow(clippy::too_many_arguments)]
+pub async fn newest_on_workers(
+    df: DataFrame,
+    keys: &[String],
+    ordering: &str,
+    null_keys: NullKeys,
+    null_ordering: NullOrdering,
+    sink: &str,
+    batch_id: u64,
+    run: &dyn crate::sink::PlanRunner,
+) -> Result<(DataFrame, u64)> {
+    let what = || format!("{sink}: batch {batch_id}: the newest row per key on the workers");
+    let names = checked_columns(&df, keys, ordering, sink)?;
+    let df = zeros_as_zero(df).map_err(|e| Error::datafusion(what(), e))?;
+    let winners = dedupe_ordered(
+        df.clone(),
+        keys,
+        ordering,
+        null_ordering == NullOrdering::Error,
+    )?;
+    let schema = winners.schema().inner().clone();
+    let screen = NullScreen::new(&names, keys, ordering);
+    let mut seen = NullCount::default();
+    let mut kept = Vec::new();
+    for b in run.run(winners).await? {
+        kept.push(
+            screen
+                .apply(b, &mut seen)
+                .map_err(|e| Error::datafusion(what(), e.into()))?,
+        );
+    }
+    let dropped =
+        if seen.key_rows > 0 || (seen.ordering_rows > 0 && null_ordering == NullOrdering::Error) {
+            count_nulls(df, keys, ordering, run).await?.verdict(
+                null_keys,
+                null_ordering,
+                ordering,
+                sink,
+                batch_id,
+            )?
+        } else {
+            0
+        };
+    kept.retain(|b| b.num_rows() > 0);
+    let session = SessionContext::new();
+    let df = if kept.is_empty() {
+        session.read_batch(RecordBatch::new_empty(schema))
+    } else {
+        session.read_batches(kept)
+    }
+    .map_err(|e| Error::datafusion(what(), e))?;
+    Ok((df, dropped))
+}
+
+/// The NULLs of `df`'s keys and ordering column, counted where its plan runs.
+async fn count_nulls(
+    df: DataFrame,
+    keys: &[String],
+    ordering: &str,
+    run: &dyn crate::sink::PlanRunner,
+) -> Result<NullCount> {
+    use datafusion::functions_aggregate::expr_fn::sum;
+    use datafusion::prelude::{Expr, when};
+    let what = || "counting the batch's NULL keys".to_string();
+    let one_if = |e: Expr| {
+        when(e, lit(1i64))
+            .otherwise(lit(0i64))
+            .map(sum)
+            .map_err(|e| Error::datafusion(what(), e))
+    };
+    let any_null = keys
+        .iter()
+        .map(|k| col(quote(k)).is_null())
+        .reduce(Expr::or)
+        .unwrap_or(lit(false));
+    let mut aggs = vec![
+        one_if(any_null.clone())?,
+        one_if(std::ops::Not::not(any_null).and(col(quote(ordering)).is_null()))?,
+    ];
+    for k in keys {
+        aggs.push(one_if(col(quote(k)).is_null())?);
+    }
+    let aggs = aggs
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| a.alias(format!("n{i}")))
+        .collect::<Vec<_>>();
+    let plan = df
+        .aggregate(vec![], aggs)
+        .map_err(|e| Error::datafusion(what(), e))?;
+    let out = run.run(plan).await?;
+    let mut sums = vec![0u64; keys.len() + 2];
+    for b in &out {
+        for (i, n) in sums.iter_mut().enumerate() {
+            let c = b
+                .column(i)
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+            *n += c.iter().flatten().map(|v| v.max(0) as u64).sum::<u64>();
+        }
+    }
+    Ok(NullCount {
+        key_rows: sums[0],
+        ordering_rows: sums[1],
+        in_keys: keys
+            .iter()
+            .zip(&sums[2..])
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| (k.clone(), *n))
+            .collect(),
+    })
+}
+
+/// `df` with `0.0` for every `-0.0` of its float columns, as a plan (see
+/// [`canonical_zeros`]; `x + 0.0` would be simplified away).
+fn zeros_as_zero(df: DataFrame) -> datafusion::error::Result<DataFrame> {
+    use datafusion::prelude::when;
+    let exprs = df
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| {
+            let c = col(quote(f.name()));
+            let zero = match f.data_type() {
+                DataType::Float64 => Some(lit(0.0f64)),
+                DataType::Float32 => Some(lit(0.0f32)),
+                _ => None,
+            };
+            Ok(match zero {
+                Some(z) => when(c.clone().eq(z.clone()), z)
+                    .otherwise(c)?
+                    .alias(f.name()),
+                None => c,
+            })
+        })
+        .collect::<datafusion::error::Result<Vec<_>>>()?;
+    df.select(exprs)
+}
+
 /// `-0.0` as `0.0` in every float column (`x + 0.0` is `x`, except that it turns `-0.0`
 /// into `0.0`).
 fn canonical_zeros(b: RecordBatch) -> std::result::Result<RecordBatch, ArrowError> {
@@ -407,6 +565,90 @@ mod tests {
         let got = rows(out).await;
         assert_eq!(got, vec![(Some(1), Some(0.0)), (Some(2), None)]);
         assert!(got[0].1.unwrap().is_sign_positive());
+    }
+
+    /// Runs plans here, as a cluster of one would.
+    struct Here;
+
+    #[async_trait::async_trait]
+    impl crate::sink::PlanRunner for Here {
+        async fn run(&self, plan: DataFrame) -> Result<Vec<RecordBatch>> {
+            plan.collect()
+                .await
+                .map_err(|e| Error::datafusion("here".to_string(), e))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_newest_rows_found_on_workers_are_one_process_s_under_every_null_rule() {
+        type Ids = Vec<Option<i64>>;
+        type Xs = Vec<Option<f64>>;
+        let cases: Vec<(Ids, Xs)> = vec![
+            (
+                vec![Some(1), Some(1), Some(2)],
+                vec![Some(1.0), Some(2.0), Some(-0.0)],
+            ),
+            // NULL keys, one of them winning nothing.
+            (
+                vec![None, Some(1), None, Some(1)],
+                vec![Some(5.0), Some(1.0), None, Some(0.0)],
+            ),
+            // A NULL ordering beside a value of the same key (hidden by the NULLS LAST
+            // winner unless looked for).
+            (
+                vec![Some(1), Some(1), Some(2)],
+                vec![Some(3.0), None, Some(1.0)],
+            ),
+            (vec![Some(4), Some(4)], vec![None, None]),
+        ];
+        let keys = ["id".to_string()];
+        for (ids, xs) in cases {
+            for null_keys in [NullKeys::Error, NullKeys::Drop] {
+                for null_ordering in [NullOrdering::Error, NullOrdering::Oldest] {
+                    let here = async {
+                        let (df, dropped) = apply_null_rules(
+                            frame(ids.clone(), xs.clone()),
+                            &keys,
+                            "x",
+                            null_keys,
+                            null_ordering,
+                            "s",
+                            1,
+                        )
+                        .await?;
+                        let df = dedupe_latest(df, &keys, "x")?;
+                        Ok::<_, Error>((sorted(rows(df).await), dropped))
+                    }
+                    .await
+                    .map_err(|e| e.to_string());
+                    let there = async {
+                        let (df, dropped) = newest_on_workers(
+                            frame(ids.clone(), xs.clone()),
+                            &keys,
+                            "x",
+                            null_keys,
+                            null_ordering,
+                            "s",
+                            1,
+                            &Here,
+                        )
+                        .await?;
+                        Ok::<_, Error>((sorted(rows(df).await), dropped))
+                    }
+                    .await
+                    .map_err(|e| e.to_string());
+                    assert_eq!(
+                        here, there,
+                        "{ids:?} {xs:?} {null_keys:?} {null_ordering:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    fn sorted(mut v: Vec<(Option<i64>, Option<f64>)>) -> Vec<(Option<i64>, Option<f64>)> {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        v
     }
 
     #[tokio::test]

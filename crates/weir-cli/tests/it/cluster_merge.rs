@@ -1,0 +1,213 @@
+//! The Delta MERGE on three `weir worker`s: the workers find the newest row per key (and
+//! judge the NULL rules over the whole batch), the driver MERGEs those rows once per batch
+//! with its `txn`; exact through worker and driver kills, equal to one process.
+
+use std::path::Path;
+
+use weir_core::datafusion::prelude::SessionContext;
+use weir_core::fault::BEFORE_COMMIT_WRITE;
+use weir_testkit::{rows, run_weir, temp_dir};
+
+use crate::cluster::{Worker, WorkerKill, cluster_pipeline, refs, run_killing_a_worker};
+use crate::cluster_pg::{gen_odd_orders, newest_per_key, same_form};
+use crate::kills::killed_in_batch_2_then_rerun;
+use crate::{bin, last_progress, progress_batches};
+
+/// `cluster_pipeline` with a MERGE into the Delta table `delta` by `order_id`, newest
+/// `updated_at`, with `options`; without its `[cluster]` table when `cluster` is false.
+fn merge_pipeline(
+    dir: &Path,
+    workers: &[&Worker],
+    max_files: usize,
+    options: &str,
+    cluster: bool,
+) -> std::path::PathBuf {
+    let p = cluster_pipeline(dir, workers, "max-batch-attempts = 4", max_files);
+    let mut text = std::fs::read_to_string(&p).unwrap().replace(
+        "type = \"parquet\"\npath = \"out\"",
+        &format!(
+            "type = \"delta-merge\"\npath = \"delta\"\nkeys = [\"order_id\"]\n\
+             ordering = \"updated_at\"\n{options}"
+        ),
+    );
+    if !cluster {
+        text = text[..text.find("[cluster]").unwrap()].to_string();
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// The table's rows: `cols`, in `same_form`.
+async fn table_rows(table: &Path, cols: &[&str]) -> Vec<String> {
+    let ctx = SessionContext::new();
+    let df = weir_delta::read_table(&ctx, &table.into()).await.unwrap();
+    same_form(rows(df.select_columns(cols).unwrap()).await)
+}
+
+/// The `txn` version of each commit of the table's log, in version order.
+fn txns(table: &Path) -> Vec<Option<i64>> {
+    let log = table.join("_delta_log");
+    let mut names: Vec<String> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".json") && !n.starts_with('_'))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|n| {
+            std::fs::read_to_string(log.join(n))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .find_map(|a| a["txn"]["version"].as_i64())
+        })
+        .collect()
+}
+
+const ALL: [&str; 4] = ["order_id", "status", "amount", "updated_at"];
+
+#[tokio::test]
+async fn a_merge_fed_by_the_workers_equals_one_process_through_a_worker_kill() {
+    let mut ws = Worker::three(None);
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_odd_orders(&input, 30, 1000, 400);
+    let p = merge_pipeline(dir.path(), &refs(&ws), 3, "", true);
+    let progress = dir.path().join("progress.jsonl");
+    let stderr = run_killing_a_worker(
+        &p,
+        &progress,
+        &[],
+        Some(WorkerKill {
+            workers: &mut ws,
+            index: 2,
+            after: 2,
+            restart: &|a| Worker::start(a, None),
+        }),
+    );
+    assert_eq!(
+        progress_batches(&progress),
+        (0..10).collect::<Vec<u64>>(),
+        "{stderr}"
+    );
+    let table = dir.path().join("delta");
+    assert_eq!(
+        table_rows(&table, &ALL[..3]).await,
+        newest_per_key(&input, None).await,
+        "the table holds the newest row of every key over all input"
+    );
+    assert_eq!(txns(&table), (0..10).map(Some).collect::<Vec<_>>());
+    let reports: Vec<serde_json::Value> = std::fs::read_to_string(&progress)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tasks: u64 = reports
+        .iter()
+        .flat_map(|r| r["cluster"]["workers"].as_array().unwrap().clone())
+        .map(|w| w["tasks"].as_u64().unwrap())
+        .sum();
+    assert!(tasks >= 3 * 5, "{reports:?}");
+    let read: u64 = reports
+        .iter()
+        .map(|r| r["numInputRows"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        read as usize,
+        crate::input_rows(&input).await.len(),
+        "each row read once as far as the progress goes"
+    );
+
+    // The same pipeline in one process: the same table, every column (ties on the
+    // timestamp are decided by the other columns the same way).
+    let alone = temp_dir();
+    std::fs::rename(&input, alone.path().join("in")).unwrap();
+    let p = merge_pipeline(alone.path(), &[], 3, "", false);
+    run_killing_a_worker(&p, &alone.path().join("progress.jsonl"), &[], None);
+    assert_eq!(
+        table_rows(&table, &ALL).await,
+        table_rows(&alone.path().join("delta"), &ALL).await
+    );
+}
+
+#[tokio::test]
+async fn the_driver_killed_around_a_merge_fed_by_the_workers_replays_exactly() {
+    let ws = Worker::three(None);
+    for point in [
+        weir_delta::POINT_BEFORE_COMMIT,
+        weir_delta::POINT_AFTER_COMMIT,
+        BEFORE_COMMIT_WRITE,
+    ] {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        gen_odd_orders(&input, 8, 100, 50);
+        let p = merge_pipeline(dir.path(), &refs(&ws), 2, "", true);
+        let first = dir.path().join("p1.jsonl");
+        let second = dir.path().join("p2.jsonl");
+        killed_in_batch_2_then_rerun(&p, point, &first, &second);
+        let table = dir.path().join("delta");
+        assert_eq!(
+            table_rows(&table, &ALL[..3]).await,
+            newest_per_key(&input, None).await,
+            "{point}"
+        );
+        assert_eq!(
+            txns(&table),
+            vec![Some(0), Some(1), Some(2), Some(3)],
+            "{point}: one version per batch"
+        );
+    }
+}
+
+/// Keys made NULL in one row of 7: the workers' winners show them, a second pass counts
+/// them over the batch, so the error names all of them; with `null-keys = "drop"` the
+/// dropped count is the batch's.
+#[tokio::test]
+async fn null_keys_in_a_merge_fed_by_the_workers_are_counted_over_the_batch() {
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_odd_orders(&input, 6, 200, 300);
+    let sql = "SELECT CASE WHEN order_id % 7 = 3 THEN NULL ELSE order_id END AS order_id, \
+               status, amount, updated_at FROM batch WHERE order_id IS NOT NULL";
+    let nulls = crate::cluster_pg::count_where(&input, 3).await;
+    assert!(nulls > 0);
+    let with = |options: &str| {
+        let p = merge_pipeline(dir.path(), &refs(&ws), 6, options, true);
+        let text = std::fs::read_to_string(&p).unwrap().replace(
+            "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
+            sql,
+        );
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let p = with("");
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("batch 0")
+            && err.contains("order_id")
+            && err.contains(&format!("{nulls} row(s)")),
+        "the error counts every NULL key of the batch ({nulls}): {err}"
+    );
+    let p = with("null-keys = \"drop\"");
+    let progress = dir.path().join("progress.jsonl");
+    run_killing_a_worker(&p, &progress, &[], None);
+    let last = last_progress(&progress);
+    let dropped = last["sink"]["metrics"]
+        .as_object()
+        .and_then(|m| m.iter().find(|(k, _)| k.ends_with(".dropped")))
+        .map(|(_, v)| v.to_string());
+    assert_eq!(dropped, Some(format!("\"{nulls}\"")), "{last}");
+    assert_eq!(
+        last["numInputRows"].as_u64().unwrap() as usize,
+        crate::input_rows(&input).await.len(),
+        "{last}"
+    );
+    assert_eq!(
+        table_rows(&dir.path().join("delta"), &ALL[..3]).await,
+        newest_per_key(&input, Some(3)).await
+    );
+}
