@@ -12,7 +12,10 @@
 # a batch). KIND: `pass` (a filter: every row goes back to the driver), `group` (GROUP BY
 # status: partial aggregates shuffle between workers) or `newest` (the seed's query: the
 # newest row per order_id by a row_number() window, shuffled by order_id).
-# SINK=delta-append in the environment writes a Delta table instead of Parquet parts.
+# SINK=delta-append in the environment writes a Delta table instead of Parquet parts;
+# SINK=delta-merge MERGEs by order_id (newest updated_at); SINK=postgres-upsert upserts into
+# a new table of the server at PG_URL (its CPU is not counted; the workers' bytes sent then
+# include their COPY data). Use `pass` or `newest` with the last two.
 # Figures in BENCHMARKS-distributed.md.
 set -euo pipefail
 BIN=$(realpath "$1"); INPUT=$2; N=$3; KIND=$4; SINK=${SINK:-parquet}
@@ -34,6 +37,19 @@ case $KIND in
   group) SQL="SELECT status, count(*) AS n, sum(amount) AS total FROM batch GROUP BY status";;
   newest) SQL="SELECT order_id, status, amount, updated_at FROM (SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn FROM batch) WHERE rn = 1";;
 esac
+SINK_TOML="type = \"$SINK\"
+path = \"out\""
+case $SINK in
+  delta-merge) SINK_TOML+="
+keys = [\"order_id\"]
+ordering = \"updated_at\"";;
+  postgres-upsert) SINK_TOML="type = \"postgres-upsert\"
+url = \"${PG_URL:?set PG_URL to the server to write to}\"
+table = \"cb_$$_$N\"
+keys = [\"order_id\"]
+ordering = \"updated_at\"
+create-table = true";;
+esac
 PIDS=(); URLS=()
 for i in $(seq 1 $N); do
   $BIN worker --listen 127.0.0.1:0 > w$i.log 2>&1 & PIDS+=($!)
@@ -54,8 +70,7 @@ schema = ["order_id bigint", "status string", "amount double", "updated_at times
 [transform]
 sql = "$SQL"
 [[sink]]
-type = "$SINK"
-path = "out"
+$SINK_TOML
 $CL
 EOT
 cpu() { awk '{print $14+$15}' /proc/$1/stat; }
@@ -72,7 +87,7 @@ for p in ${PIDS[@]+"${PIDS[@]}"}; do
   WOUT=$((WOUT + w1 - w0)); WIN=$((WIN + r1 - r0))
   kill $p
 done
-OUT=$(find out -name '*.parquet' -not -path '*/_delta_log/*' -printf '%s\n' | awk '{s+=$1} END {print s+0}')
+OUT=0; [ -d out ] && OUT=$(find out -name '*.parquet' -not -path '*/_delta_log/*' -printf '%s\n' | awk '{s+=$1} END {print s+0}')
 ROWS=$(python3 -c "import json;print(sum(json.loads(l)['numInputRows'] for l in open('prog.jsonl')))")
 B=$(wc -l < prog.jsonl)
 python3 - <<PY

@@ -78,6 +78,17 @@ impl PostgresUpsertConfig {
                 "an upsert needs at least one key column",
             ));
         }
+        if let Some(st) = &self.staging_table
+            && (st == &self.table || *st == self.ledger_name())
+        {
+            return Err(Error::config(
+                "sink.staging-table",
+                format!(
+                    "'{st}' is the sink's table or its ledger; the staging table is weir's \
+                     own (its rows are deleted after each batch): name another table"
+                ),
+            ));
+        }
         let url = secret("sink.url", &self.url)?;
         let mut p = PostgresUpsert::new(url, &self.table, self.keys.clone(), &self.ordering)
             .dedupe(self.dedupe.unwrap_or(true))

@@ -74,9 +74,9 @@ pub enum PostgresSinkError {
         recorded: u64,
     },
 
-    /// The tasks on the workers staged more rows than the driver's connection finds: they
-    /// reached another server (a `localhost` URL names each machine's own). Nothing was
-    /// upserted.
+    /// The driver's connection does not find the rows the tasks on the workers staged:
+    /// they reached another server (a `localhost` URL names each machine's own). Nothing
+    /// was upserted.
     #[error(
         "PostgreSQL table {table}: batch {batch_id}: the tasks on the workers staged {staged} \
          rows in {staging}, but the driver's connection finds {found} there: the driver and \

@@ -366,7 +366,7 @@ async fn workers_that_reach_another_server_fail_the_batch_before_anything_is_ups
         &there.url,
         "CREATE UNLOGGED TABLE elsewhere_weir_staging (order_id bigint, status text, \
          amount double precision, updated_at timestamptz, weir_app_id text NOT NULL, \
-         weir_batch_id bigint NOT NULL)",
+         weir_batch_id bigint NOT NULL, weir_task text)",
     )
     .await;
     let out = std::process::Command::new("unshare")
@@ -405,4 +405,55 @@ async fn workers_that_reach_another_server_fail_the_batch_before_anything_is_ups
         .parse()
         .unwrap();
     assert!(staged > 0, "the tasks wrote to the workers' server");
+}
+
+/// The staging table is weir's: one of another shape (left by an earlier version of the
+/// query) is made again, and a batch with a column of its own names is refused before
+/// anything is made or written.
+#[tokio::test]
+async fn the_staging_table_takes_the_batch_s_shape_and_keeps_its_names() {
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_odd_orders(&input, 6, 100, 50);
+    let url = &weir_testkit::postgres().url;
+    weir_testkit::pg_exec(
+        url,
+        "CREATE UNLOGGED TABLE cluster_pg_shape_weir_staging (order_id bigint, amount numeric(30,15))",
+    )
+    .await;
+    let p = pg_pipeline(dir.path(), &refs(&ws), 2, "cluster_pg_shape", "", true);
+    let stderr = run_killing_a_worker(&p, &dir.path().join("p.jsonl"), &[], None);
+    assert!(stderr.contains("making it again"), "{stderr}");
+    assert_eq!(
+        key_rows("cluster_pg_shape").await,
+        newest_per_key(&input, None).await
+    );
+    assert_eq!(bookkeeping("cluster_pg_shape").await, (vec![0, 1, 2], 0));
+
+    let other = temp_dir();
+    gen_odd_orders(&other.path().join("in"), 2, 50, 20);
+    let p = pg_pipeline(other.path(), &refs(&ws), 2, "cluster_pg_names", "", true);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
+        "SELECT order_id, status, amount, updated_at, order_id * 10 AS weir_batch_id \
+         FROM batch WHERE order_id IS NOT NULL",
+    );
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("'weir_batch_id', a name the staging table keeps for itself"),
+        "{err}"
+    );
+    assert_eq!(
+        pg_rows(
+            url,
+            "SELECT count(*)::text FROM pg_tables WHERE tablename LIKE 'cluster_pg_names%'"
+        )
+        .await,
+        vec!["0"],
+        "nothing made"
+    );
 }

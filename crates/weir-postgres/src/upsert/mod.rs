@@ -358,6 +358,9 @@ impl PostgresUpsert {
         let client = guard
             .as_mut()
             .ok_or_else(|| PostgresSinkError::no_connection(&self.table))?;
+        if self.staging.is_some() {
+            self.check_staging_names(&cols)?;
+        }
         self.make_tables(client, &cols, self.staging.as_deref(), id)
             .await?;
         let list = quote_list(&cols.names);
@@ -426,19 +429,95 @@ impl PostgresUpsert {
                 .map_err(self.db(id, "creating the table"))?;
         }
         if let Some(staging) = staging {
-            // UNLOGGED: staging rows are cleared on every attempt anyway, so they need no WAL
-            // (a server crash empties the table, which is harmless).
-            let sql = format!(
-                "CREATE UNLOGGED TABLE IF NOT EXISTS {} ({}, weir_app_id text NOT NULL, weir_batch_id bigint NOT NULL)",
-                quote_ident(staging),
-                Self::column_defs(cols)
-            );
-            create_if_missing(client, &sql)
-                .await
-                .map_err(self.db(id, "creating the staging table"))?;
+            self.make_staging(client, cols, staging, id).await?;
         }
         self.made.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
+    }
+
+    /// The staging table with the batch's columns and its own (`weir_app_id`,
+    /// `weir_batch_id`, `weir_task`). Its rows only live from an attempt to its commit, so
+    /// one of another shape (made for an earlier version of the query) is made again.
+    async fn make_staging(
+        &self,
+        client: &Client,
+        cols: &Columns,
+        staging: &str,
+        id: u64,
+    ) -> Result<(), PostgresSinkError> {
+        let st = quote_ident(staging);
+        let defs = format!(
+            "{}, weir_app_id text NOT NULL, weir_batch_id bigint NOT NULL, weir_task text",
+            Self::column_defs(cols)
+        );
+        // UNLOGGED: staging rows are cleared on every attempt anyway, so they need no WAL
+        // (a server crash empties the table, which is harmless).
+        let create = format!("CREATE UNLOGGED TABLE IF NOT EXISTS {st} ({defs})");
+        let made = self.db(id, "creating the staging table");
+        create_if_missing(client, &create).await.map_err(&made)?;
+        client
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS pg_temp.weir_shape; CREATE TEMP TABLE weir_shape ({defs})"
+            ))
+            .await
+            .map_err(&made)?;
+        let cols_of = |rel: &str| {
+            format!(
+                "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid = {rel} \
+                 AND attnum > 0 AND NOT attisdropped"
+            )
+        };
+        let (want, have) = (
+            cols_of("'pg_temp.weir_shape'::regclass"),
+            cols_of("to_regclass($1)"),
+        );
+        let differ: i64 = client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM (({want} EXCEPT {have}) UNION ALL ({have} EXCEPT {want})) d"
+                ),
+                &[&st],
+            )
+            .await
+            .map_err(self.db(id, "checking the staging table's columns"))?
+            .get(0);
+        client
+            .batch_execute("DROP TABLE pg_temp.weir_shape")
+            .await
+            .map_err(&made)?;
+        if differ > 0 {
+            tracing::warn!(
+                table = %self.table,
+                "the staging table {staging} has other columns than the batch's (made for an \
+                 earlier version of the query?): making it again"
+            );
+            client
+                .batch_execute(&format!("DROP TABLE IF EXISTS {st}"))
+                .await
+                .map_err(&made)?;
+            create_if_missing(client, &create).await.map_err(&made)?;
+        }
+        Ok(())
+    }
+
+    /// The batch has none of the staging table's own columns.
+    fn check_staging_names(&self, cols: &Columns) -> Result<(), PostgresSinkError> {
+        match cols
+            .names
+            .iter()
+            .find(|n| on_workers::STAGING_COLUMNS.contains(&n.as_str()))
+        {
+            Some(n) => Err(PostgresSinkError::Config {
+                table: self.table.clone(),
+                key: "columns",
+                reason: format!(
+                    "the batch has a column '{n}', a name the staging table keeps for itself \
+                     ({}); rename it in the query",
+                    on_workers::STAGING_COLUMNS.join(", ")
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The ledger has a row for the batch (or a later one): fine for a replay of this

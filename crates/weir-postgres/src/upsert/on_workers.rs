@@ -2,12 +2,15 @@
 //!
 //! ```text
 //! driver:  DELETE FROM <staging> WHERE app = $1 AND batch <= $2      -- earlier attempts'
-//! tasks:   COPY <staging> (..., weir_app_id, weir_batch_id) FROM STDIN (FORMAT binary)
-//!          -- each task its share, NULL rules applied; outputs its rows and NULL counts
+//! tasks:   COPY <staging> (..., weir_app_id, weir_batch_id, weir_task) FROM STDIN
+//!          -- each task its share, NULL rules applied, tagged with a new id of its own;
+//!          -- outputs its tag, rows and NULL counts
 //! driver:  the NULL rules' verdict over every task's counts, then
 //!          BEGIN;
-//!          SELECT count(*) FROM <staging> WHERE app = $1 AND batch = $2;  -- >= the tasks'
-//!          INSERT INTO weir_stage SELECT DISTINCT ON (<keys>) ... ORDER BY <keys>, <newest>;
+//!          SELECT count(*) FROM <staging> WHERE app = $1 AND batch = $2
+//!            AND weir_task = ANY($3);             -- exactly the rows the tasks reported
+//!          INSERT INTO weir_stage SELECT DISTINCT ON (<keys>) ... WHERE .. weir_task = ANY($3)
+//!            ORDER BY <keys>, <newest>;
 //!          INSERT INTO <ledger> ...;             -- the claim; a landed batch stops here
 //!          INSERT INTO <target> ... FROM weir_stage ON CONFLICT ... WHERE <newer>;
 //!          DELETE FROM <staging> WHERE app = $1 AND batch <= $2;
@@ -16,11 +19,16 @@
 //!
 //! The batch's rows never pass through the driver: the in-batch dedupe runs in the server,
 //! in the same total order as one process's (`weir_core::sink::upsert`, text in byte
-//! order). Each task's COPY lands whole or not at all. A failed attempt's tasks may have
-//! staged rows before the attempt that succeeded staged them again: they are the same rows
-//! (the same offsets), which the dedupe (or, without it, `DISTINCT`) makes one. The count
-//! check catches workers that reached another server than the driver (`host=localhost` on
-//! other machines): the batch fails before anything is upserted.
+//! order). Each task's COPY lands whole or not at all. Only the rows of the attempt that
+//! succeeded are read, by their tasks' tags: rows a failed attempt staged, or a task cut
+//! off from the driver that finished late, are never counted nor upserted (the commit's
+//! `DELETE` of the batch, or a later batch's, removes them). The count check then catches
+//! workers that reached another server than the driver (`host=localhost` on other
+//! machines): the batch fails before anything is upserted.
+//!
+//! The staging table is weir's: its columns must be the batch's (checked when the sink
+//! first writes; a table of another shape is made again), and a batch may not have columns
+//! of its names.
 
 use std::fmt;
 use std::sync::Arc;
@@ -82,9 +90,14 @@ impl fmt::Debug for StagingWrite {
 /// What one partition of a task staged: a row of the write's output.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct TaskStaged {
+    /// The `weir_task` of its rows.
+    pub tag: String,
     pub rows: u64,
     pub nulls: NullCount,
 }
+
+/// The staging table's own columns, after the batch's.
+pub(crate) const STAGING_COLUMNS: [&str; 3] = ["weir_app_id", "weir_batch_id", "weir_task"];
 
 /// COPYs its input's rows into the staging table, partition by partition, and outputs
 /// what it staged (see the module docs).
@@ -209,7 +222,10 @@ async fn stage(
         })
         .collect::<Result<Vec<Type>, _>>()?;
     let screen = NullScreen::new(&names, &write.keys, &write.ordering);
-    let mut out = TaskStaged::default();
+    let mut out = TaskStaged {
+        tag: uuid::Uuid::new_v4().simple().to_string(),
+        ..TaskStaged::default()
+    };
     let mut copy: Option<(Client, CopyWriter)> = None;
     let computing = |source| PostgresSinkError::DataFusion {
         table: write.table.clone(),
@@ -236,7 +252,11 @@ async fn stage(
             Some(c) => c,
             None => copy.insert(open_copy(write, &names, &types).await?),
         };
-        let extra = [Cell::Text(&write.app_id), Cell::I64(id as i64)];
+        let extra = [
+            Cell::Text(&write.app_id),
+            Cell::I64(id as i64),
+            Cell::Text(&out.tag),
+        ];
         writer.put(&rows, &extra).await.map_err(|e| match e {
             CopyFailure::Value(i, reason) => PostgresSinkError::BadValue {
                 table: write.table.clone(),
@@ -280,15 +300,18 @@ async fn open_copy(
         }
     });
     let sql = format!(
-        "COPY {} ({}, weir_app_id, weir_batch_id) FROM STDIN (FORMAT binary)",
+        "COPY {} ({}, {}) FROM STDIN (FORMAT binary)",
         quote_ident(&write.staging),
-        quote_list(names)
+        quote_list(names),
+        STAGING_COLUMNS.join(", ")
     );
     let sink = client
         .copy_in(&sql)
         .await
         .map_err(db("COPY into the staging table"))?;
-    let writer = CopyWriter::new(sink, types, true);
+    let mut types = types.to_vec();
+    types.extend([Type::TEXT, Type::INT8, Type::TEXT]);
+    let writer = CopyWriter::new(sink, types);
     Ok((client, writer))
 }
 
@@ -358,7 +381,8 @@ impl PostgresUpsert {
         let app_id = self.ledger_key(&ctx.query());
         let staging = self.staging_name();
         let st = quote_ident(&staging);
-        let mine = "WHERE weir_app_id = $1 AND weir_batch_id = $2";
+        self.check_staging_names(&cols)?;
+        let mine = "WHERE weir_app_id = $1 AND weir_batch_id = $2 AND weir_task = ANY($3)";
         let up_to = "WHERE weir_app_id = $1 AND weir_batch_id <= $2";
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&app_id, &(id as i64)];
         {
@@ -392,6 +416,7 @@ impl PostgresUpsert {
             .await
             .map_err(self.engine(id))?;
         let mut staged = 0u64;
+        let mut tags: Vec<String> = Vec::new();
         let mut nulls = NullCount::default();
         for text in written_rows(&out).map_err(self.engine(id))? {
             let task: TaskStaged =
@@ -401,6 +426,9 @@ impl PostgresUpsert {
                     reason: format!("a task's report cannot be read ({e}): {text}"),
                 })?;
             staged += task.rows;
+            if task.rows > 0 {
+                tags.push(task.tag);
+            }
             nulls.add(&task.nulls);
         }
         let sink = self.label();
@@ -439,12 +467,14 @@ impl PostgresUpsert {
             .batch_execute("BEGIN")
             .await
             .map_err(self.db(id, "BEGIN"))?;
+        let tagged: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&app_id, &(id as i64), &tags];
         let found: i64 = client
-            .query_one(&format!("SELECT count(*) FROM {st} {mine}"), &params)
+            .query_one(&format!("SELECT count(*) FROM {st} {mine}"), &tagged)
             .await
             .map_err(self.db(id, "counting the staged rows"))?
             .get(0);
-        if (found.max(0) as u64) < staged {
+        if found.max(0) as u64 != staged {
             return Err(PostgresSinkError::StagingMissing {
                 table: self.table.clone(),
                 batch_id: id,
@@ -462,7 +492,7 @@ impl PostgresUpsert {
             .await
             .map_err(self.db(id, "creating the temp table"))?;
         let rows = client
-            .execute(&self.dedupe_sql(&cols, temp, &st, mine), &params)
+            .execute(&self.dedupe_sql(&cols, temp, &st, mine), &tagged)
             .await
             .map_err(self.db(id, "keeping the newest staged row per key"))?;
         open.rows = rows as usize;

@@ -26,11 +26,8 @@ pub(crate) struct CopyWriter {
 }
 
 impl CopyWriter {
-    pub(crate) fn new(sink: CopyInSink<bytes::Bytes>, types: &[Type], extra: bool) -> Self {
-        let mut types = types.to_vec();
-        if extra {
-            types.extend([Type::TEXT, Type::INT8]);
-        }
+    /// `types`: one per field of a row, the `extra` cells' included.
+    pub(crate) fn new(sink: CopyInSink<bytes::Bytes>, types: Vec<Type>) -> Self {
         let mut buf = bytes::BytesMut::with_capacity(COPY_CHUNK + 4096);
         buf.extend_from_slice(COPY_HEADER);
         CopyWriter {
@@ -72,12 +69,12 @@ impl CopyWriter {
     }
 }
 
-/// The name of column `i` of a COPY of `names` and the two ledger columns.
+/// The name of column `i` of a COPY of `names` and the staging table's own columns.
 pub(crate) fn copy_column(names: &[String], i: usize) -> String {
-    names
-        .get(i)
-        .cloned()
-        .unwrap_or_else(|| ["weir_app_id", "weir_batch_id"][(i - names.len()).min(1)].into())
+    names.get(i).cloned().unwrap_or_else(|| {
+        let own = super::on_workers::STAGING_COLUMNS;
+        own[(i - names.len()).min(own.len() - 1)].into()
+    })
 }
 
 impl PostgresUpsert {
@@ -92,7 +89,11 @@ impl PostgresUpsert {
         batches: &[crate::types::CopyRows],
         extra: &[Cell<'_>],
     ) -> Result<u64, PostgresSinkError> {
-        let mut copy = CopyWriter::new(sink, &cols.types, !extra.is_empty());
+        let mut types = cols.types.clone();
+        if !extra.is_empty() {
+            types.extend([Type::TEXT, Type::INT8]);
+        }
+        let mut copy = CopyWriter::new(sink, types);
         for b in batches {
             copy.put(b, extra).await.map_err(|e| match e {
                 CopyFailure::Value(i, reason) => PostgresSinkError::BadValue {
