@@ -41,8 +41,8 @@ use weir_core::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
 use weir_core::sink::{
-    WorkerWrite, WriteKind, WritePlan, task_error, write_location, write_properties, written_batch,
-    written_schema,
+    WorkerWrite, WriteKind, WritePlan, task_data_error, task_error, write_location,
+    write_properties, written_batch, written_schema,
 };
 use weir_core::storage::Location;
 
@@ -378,7 +378,20 @@ impl ExecutionPlan for DeltaFilesExec {
                 if let Err(e) = written {
                     // Unfinished uploads go; finished files are in no commit.
                     let _ = writer.abort().await;
-                    return Err(task_error(e));
+                    // A value the table cannot take fails on any worker; a failed upload may not.
+                    let data = matches!(
+                        e,
+                        DeltaSinkError::NullInNotNull { .. }
+                            | DeltaSinkError::Delta {
+                                action: "casting the batch's rows to the table's schema",
+                                ..
+                            }
+                    );
+                    return Err(if data {
+                        task_data_error(e)
+                    } else {
+                        task_error(e)
+                    });
                 }
                 rows += batch.num_rows() as u64;
             }

@@ -112,6 +112,19 @@ pub enum PostgresSinkError {
 }
 
 impl PostgresSinkError {
+    /// An error that the same rows give again: a value or type the sink cannot write, or a
+    /// statement the server refuses for the data or the table's shape (SQLSTATE classes 22,
+    /// data exception, and 42, e.g. an unknown column), not a lost connection.
+    pub(crate) fn is_data_error(&self) -> bool {
+        match self {
+            PostgresSinkError::BadValue { .. } | PostgresSinkError::UnsupportedType { .. } => true,
+            PostgresSinkError::Db { source, .. } => source
+                .code()
+                .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("42")),
+            _ => false,
+        }
+    }
+
     /// A connection slot left empty (`Conn::get` connects when it holds no client, so this
     /// is not expected).
     pub(crate) fn no_connection(table: &str) -> Self {

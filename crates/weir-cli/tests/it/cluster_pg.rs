@@ -457,3 +457,36 @@ async fn the_staging_table_takes_the_batch_s_shape_and_keeps_its_names() {
         "nothing made"
     );
 }
+
+/// A value the server refuses (a NUL byte in a text) fails the same way on any worker: the
+/// batch fails at its first attempt, naming the table and the batch, and nothing lands.
+#[tokio::test]
+async fn a_value_the_server_refuses_fails_the_batch_without_running_it_again() {
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    gen_odd_orders(&dir.path().join("in"), 4, 100, 50);
+    let p = pg_pipeline(dir.path(), &refs(&ws), 4, "cluster_pg_nul", "", true);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
+        "SELECT order_id, concat(status, chr(0)) AS status, amount, updated_at FROM batch \
+         WHERE order_id IS NOT NULL",
+    );
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("PostgreSQL table cluster_pg_nul: batch 0")
+            && err.contains("running it again would fail the same way"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("attempt 1 of 4 on the cluster failed"),
+        "{err}"
+    );
+    assert_eq!(
+        key_rows("cluster_pg_nul").await,
+        Vec::<String>::new(),
+        "nothing upserted"
+    );
+}

@@ -141,6 +141,22 @@ pub fn task_error(e: impl std::error::Error + 'static) -> DataFusionError {
     DataFusionError::Execution(crate::error::error_chain(&e))
 }
 
+/// What ends the text of a task's error that running the task again would repeat (a value
+/// the sink cannot take, a table of another shape): the cluster does not run such a batch
+/// again on other workers, it fails at once.
+const NOT_RETRIED: &str =
+    " (a property of the batch's rows: running it again would fail the same way)";
+
+/// A task's error that running it again would repeat ([`NOT_RETRIED`]).
+pub fn task_data_error(e: impl std::error::Error + 'static) -> DataFusionError {
+    DataFusionError::Execution(format!("{}{NOT_RETRIED}", crate::error::error_chain(&e)))
+}
+
+/// Whether `e` came from [`task_data_error`].
+pub fn is_data_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    crate::error::error_chain(e).contains(NOT_RETRIED)
+}
+
 /// The rows of a write's output, in the order the tasks gave them.
 pub fn written_rows(out: &[RecordBatch]) -> Result<Vec<String>> {
     let mut rows = Vec::new();

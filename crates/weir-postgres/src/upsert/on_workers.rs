@@ -47,8 +47,8 @@ use weir_core::datafusion::physical_plan::{
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::sink::upsert::{NullCount, NullScreen};
 use weir_core::sink::{
-    PlanRunner, WorkerWrite, WriteKind, WritePlan, on_workers, task_error, write_properties,
-    written_batch, written_rows, written_schema,
+    PlanRunner, WorkerWrite, WriteKind, WritePlan, on_workers, task_data_error, task_error,
+    write_properties, written_batch, written_rows, written_schema,
 };
 use weir_core::{BatchContext, SinkMetric, fault};
 
@@ -180,7 +180,13 @@ impl ExecutionPlan for PgStagingExec {
         let write = self.write.clone();
         let schema = self.input.schema();
         let out = async move {
-            let staged = stage(input, &write, &schema).await.map_err(task_error)?;
+            let staged = stage(input, &write, &schema).await.map_err(|e| {
+                if e.is_data_error() {
+                    task_data_error(e)
+                } else {
+                    task_error(e)
+                }
+            })?;
             let text = serde_json::to_string(&staged).map_err(task_error)?;
             written_batch(vec![text])
         };
