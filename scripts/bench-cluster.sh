@@ -93,6 +93,8 @@ B=$(wc -l < prog.jsonl)
 python3 - <<PY
 rows=$ROWS; b=$B; tck=$TCK
 drv=$U+$S; w=$WCPU/tck
-print(f"workers=$N kind=$KIND batches={b} rows={rows} wall_s=$E driver_cpu_s={drv:.2f} driver_cpu_ms_per_batch={1000*drv/b:.1f} driver_peak_rss_mb={$M/1024:.1f} worker_cpu_s={w:.2f} worker_cpu_us_per_row={1e6*w/rows if $N else 0:.2f} total_cpu_us_per_row={1e6*(drv+w)/rows:.2f} worker_bytes_sent_per_row={max(0, $WOUT - ($OUT if $N else 0))/rows:.1f} worker_bytes_read_per_row={$WIN/rows:.1f} parquet_bytes_per_row={$OUT/rows:.1f}")
+# The files the workers wrote are not bytes sent (only file sinks written on the workers).
+sub = $OUT if $N and "$SINK" in ("parquet", "delta-append") else 0
+print(f"workers=$N kind=$KIND batches={b} rows={rows} wall_s=$E driver_cpu_s={drv:.2f} driver_cpu_ms_per_batch={1000*drv/b:.1f} driver_peak_rss_mb={$M/1024:.1f} worker_cpu_s={w:.2f} worker_cpu_us_per_row={1e6*w/rows if $N else 0:.2f} total_cpu_us_per_row={1e6*(drv+w)/rows:.2f} worker_bytes_sent_per_row={max(0, $WOUT - sub)/rows:.1f} worker_bytes_read_per_row={$WIN/rows:.1f} parquet_bytes_per_row={$OUT/rows:.1f}")
 PY
 cd /; rm -rf $D
