@@ -41,8 +41,8 @@ use weir_core::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
 use weir_core::sink::{
-    WorkerWrite, WriteKind, WritePlan, task_data_error, task_error, write_location,
-    write_properties, written_batch, written_schema,
+    WorkerWrite, WriteKind, WritePlan, read_body, task_data_error, task_error, write_body,
+    write_location, write_properties, written_batch, written_schema,
 };
 use weir_core::storage::Location;
 
@@ -444,22 +444,23 @@ impl WorkerWrite for DeltaFilesExec {
     }
 
     fn encode(&self) -> DfResult<(SchemaRef, String)> {
-        let body = serde_json::to_string(&self.write)
-            .map_err(|e| DataFusionError::Internal(format!("encoding {}: {e}", self.kind())))?;
+        let body = write_body(self.kind(), &self.write)?;
         Ok((Arc::clone(&self.schema), body))
     }
 }
 
+/// The write's name on the wire.
+const KIND: &str = "weir.DeltaFiles.v1";
+
 /// The Delta append's write on the wire.
 pub const DELTA_FILES: WriteKind = WriteKind {
-    kind: "weir.DeltaFiles.v1",
+    kind: KIND,
     find: |node| {
         node.downcast_ref::<DeltaFilesExec>()
             .map(|w| w as &dyn WorkerWrite)
     },
     decode: |input, schema, body| {
-        let write: FilesWrite = serde_json::from_str(body)
-            .map_err(|e| DataFusionError::Internal(format!("decoding a Delta write: {e}")))?;
+        let write: FilesWrite = read_body(KIND, body)?;
         Ok(Arc::new(DeltaFilesExec::try_new(input, write, schema)?))
     },
 };

@@ -166,6 +166,29 @@ pub(crate) fn run_killing_a_worker(
     stderr
 }
 
+/// Every progress report of a run, in order.
+pub(crate) fn progress_reports(progress: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(progress)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The tasks the workers ran over `reports` (`cluster.workers[].tasks`).
+pub(crate) fn tasks_of(reports: &[serde_json::Value]) -> u64 {
+    reports
+        .iter()
+        .flat_map(|r| {
+            r["cluster"]["workers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|w| w["tasks"].as_u64().unwrap())
+        .sum()
+}
+
 pub(crate) fn cluster_pipeline(
     dir: &Path,
     workers: &[&Worker],

@@ -6,12 +6,14 @@ use std::path::Path;
 
 use weir_core::datafusion::prelude::SessionContext;
 use weir_core::fault::BEFORE_COMMIT_WRITE;
-use weir_testkit::{rows, run_weir, temp_dir};
+use weir_testkit::{rows, temp_dir};
 
-use crate::cluster::{Worker, WorkerKill, cluster_pipeline, refs, run_killing_a_worker};
-use crate::cluster_pg::{gen_odd_orders, newest_per_key, same_form};
+use crate::cluster::{
+    Worker, WorkerKill, cluster_pipeline, progress_reports, refs, run_killing_a_worker, tasks_of,
+};
+use crate::cluster_pg::{gen_odd_orders, newest_per_key, null_keys_counted, same_form};
 use crate::kills::killed_in_batch_2_then_rerun;
-use crate::{bin, last_progress, progress_batches};
+use crate::progress_batches;
 
 /// `cluster_pipeline` with a MERGE into the Delta table `delta` by `order_id`, newest
 /// `updated_at`, with `options`; without its `[cluster]` table when `cluster` is false.
@@ -98,17 +100,8 @@ async fn a_merge_fed_by_the_workers_equals_one_process_through_a_worker_kill() {
         "the table holds the newest row of every key over all input"
     );
     assert_eq!(txns(&table), (0..10).map(Some).collect::<Vec<_>>());
-    let reports: Vec<serde_json::Value> = std::fs::read_to_string(&progress)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let tasks: u64 = reports
-        .iter()
-        .flat_map(|r| r["cluster"]["workers"].as_array().unwrap().clone())
-        .map(|w| w["tasks"].as_u64().unwrap())
-        .sum();
-    assert!(tasks >= 3 * 5, "{reports:?}");
+    let reports = progress_reports(&progress);
+    assert!(tasks_of(&reports) >= 3 * 5, "{reports:?}");
     let read: u64 = reports
         .iter()
         .map(|r| r["numInputRows"].as_u64().unwrap())
@@ -168,44 +161,10 @@ async fn null_keys_in_a_merge_fed_by_the_workers_are_counted_over_the_batch() {
     let ws = Worker::three(None);
     let dir = temp_dir();
     let input = dir.path().join("in");
-    gen_odd_orders(&input, 6, 200, 300);
-    let sql = "SELECT CASE WHEN order_id % 7 = 3 THEN NULL ELSE order_id END AS order_id, \
-               status, amount, updated_at FROM batch WHERE order_id IS NOT NULL";
-    let nulls = crate::cluster_pg::count_where(&input, 3).await;
-    assert!(nulls > 0);
-    let with = |options: &str| {
-        let p = merge_pipeline(dir.path(), &refs(&ws), 6, options, true);
-        let text = std::fs::read_to_string(&p).unwrap().replace(
-            "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
-            sql,
-        );
-        std::fs::write(&p, text).unwrap();
-        p
-    };
-    let p = with("");
-    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(
-        err.contains("batch 0")
-            && err.contains("order_id")
-            && err.contains(&format!("{nulls} row(s)")),
-        "the error counts every NULL key of the batch ({nulls}): {err}"
-    );
-    let p = with("null-keys = \"drop\"");
-    let progress = dir.path().join("progress.jsonl");
-    run_killing_a_worker(&p, &progress, &[], None);
-    let last = last_progress(&progress);
-    let dropped = last["sink"]["metrics"]
-        .as_object()
-        .and_then(|m| m.iter().find(|(k, _)| k.ends_with(".dropped")))
-        .map(|(_, v)| v.to_string());
-    assert_eq!(dropped, Some(format!("\"{nulls}\"")), "{last}");
-    assert_eq!(
-        last["numInputRows"].as_u64().unwrap() as usize,
-        crate::input_rows(&input).await.len(),
-        "{last}"
-    );
+    null_keys_counted(&input, &dir.path().join("progress.jsonl"), &|options| {
+        merge_pipeline(dir.path(), &refs(&ws), 6, options, true)
+    })
+    .await;
     assert_eq!(
         table_rows(&dir.path().join("delta"), &ALL[..3]).await,
         newest_per_key(&input, Some(3)).await

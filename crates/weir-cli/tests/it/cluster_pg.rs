@@ -9,34 +9,16 @@ use weir_core::datafusion::prelude::{JsonReadOptions, SessionContext, col, lit};
 use weir_core::fault::BEFORE_COMMIT_WRITE;
 use weir_testkit::{pg_rows, rows, run_weir, temp_dir};
 
-use crate::cluster::{Worker, WorkerKill, cluster_pipeline, refs, run_killing_a_worker};
+use crate::cluster::{
+    Worker, WorkerKill, cluster_pipeline, progress_reports, refs, run_killing_a_worker, tasks_of,
+};
 use crate::kills::killed_in_batch_2_then_rerun;
 use crate::{bin, last_progress, progress_batches, weir_cli_schema};
 
 /// `files` order files of `rows` rows over `keys` keys, with ties on the timestamp and
 /// NULL statuses and amounts (`weir gen --odd`).
 pub(crate) fn gen_odd_orders(input: &Path, files: usize, rows: usize, keys: u64) {
-    let out = run_weir(
-        &bin(),
-        &[
-            "gen",
-            "--dir",
-            input.to_str().unwrap(),
-            "--files",
-            &files.to_string(),
-            "--rows-per-file",
-            &rows.to_string(),
-            "--keys",
-            &keys.to_string(),
-            "--odd",
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::weir_gen(input, files, rows, &["--keys", &keys.to_string(), "--odd"]);
     // Plain names, in the same order, for the reference's reader (the odd names hold tabs).
     let mut names: Vec<_> = std::fs::read_dir(input)
         .unwrap()
@@ -227,17 +209,8 @@ async fn an_upsert_staged_by_workers_equals_one_process_through_a_worker_kill() 
     assert_eq!(bookkeeping(table).await, ((0..10).collect(), 0));
     // The workers ran tasks (a batch of one file runs in the driver: `--odd` makes some
     // batches so), and each batch's output is its rows after the in-batch dedupe.
-    let reports: Vec<serde_json::Value> = std::fs::read_to_string(&progress)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let tasks: u64 = reports
-        .iter()
-        .flat_map(|r| r["cluster"]["workers"].as_array().unwrap().clone())
-        .map(|w| w["tasks"].as_u64().unwrap())
-        .sum();
-    assert!(tasks >= 3 * 5, "{reports:?}");
+    let reports = progress_reports(&progress);
+    assert!(tasks_of(&reports) >= 3 * 5, "{reports:?}");
     for r in &reports {
         let out = r["sink"]["numOutputRows"].as_u64().unwrap();
         assert!(out > 0 && out <= 400, "{r}");
@@ -296,17 +269,33 @@ async fn null_keys_are_counted_over_every_task() {
     let ws = Worker::three(None);
     let dir = temp_dir();
     let input = dir.path().join("in");
-    gen_odd_orders(&input, 6, 200, 300);
     let table = "cluster_pg_nulls";
-    let sql = "SELECT CASE WHEN order_id % 7 = 3 THEN NULL ELSE order_id END AS order_id, \
-               status, amount, updated_at FROM batch WHERE order_id IS NOT NULL";
-    let nulls = count_where(&input, 3).await;
+    null_keys_counted(&input, &dir.path().join("progress.jsonl"), &|options| {
+        pg_pipeline(dir.path(), &refs(&ws), 6, table, options, true)
+    })
+    .await;
+    assert_eq!(key_rows(table).await, newest_per_key(&input, Some(3)).await);
+    assert_eq!(bookkeeping(table).await, (vec![0], 0));
+}
+
+/// 6 odd order files into `input` and one batch of them, whose keys SQL makes NULL in one
+/// row of 7, through the pipeline `pipeline` gives for sink options. With the default rule
+/// the run fails naming the batch, the column and the batch's NULL rows; with
+/// `null-keys = "drop"` it succeeds (progress in `progress`) and reports them dropped.
+pub(crate) async fn null_keys_counted(
+    input: &Path,
+    progress: &Path,
+    pipeline: &dyn Fn(&str) -> std::path::PathBuf,
+) {
+    gen_odd_orders(input, 6, 200, 300);
+    let nulls = count_where(input, 3).await;
     assert!(nulls > 0);
     let with = |options: &str| {
-        let p = pg_pipeline(dir.path(), &refs(&ws), 6, table, options, true);
+        let p = pipeline(options);
         let text = std::fs::read_to_string(&p).unwrap().replace(
             "SELECT order_id, status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
-            sql,
+            "SELECT CASE WHEN order_id % 7 = 3 THEN NULL ELSE order_id END AS order_id, \
+             status, amount, updated_at FROM batch WHERE order_id IS NOT NULL",
         );
         std::fs::write(&p, text).unwrap();
         p
@@ -319,19 +308,21 @@ async fn null_keys_are_counted_over_every_task() {
         err.contains("batch 0")
             && err.contains("order_id")
             && err.contains(&format!("{nulls} row(s)")),
-        "the error counts the NULL keys of every task ({nulls}): {err}"
+        "the error counts the NULL keys of the batch over every task ({nulls}): {err}"
     );
     let p = with("null-keys = \"drop\"");
-    let progress = dir.path().join("progress.jsonl");
-    run_killing_a_worker(&p, &progress, &[], None);
-    let last = last_progress(&progress);
+    run_killing_a_worker(&p, progress, &[], None);
+    let last = last_progress(progress);
     let dropped = last["sink"]["metrics"]
         .as_object()
         .and_then(|m| m.iter().find(|(k, _)| k.ends_with(".dropped")))
         .map(|(_, v)| v.to_string());
     assert_eq!(dropped, Some(format!("\"{nulls}\"")), "{last}");
-    assert_eq!(key_rows(table).await, newest_per_key(&input, Some(3)).await);
-    assert_eq!(bookkeeping(table).await, (vec![0], 0));
+    assert_eq!(
+        last["numInputRows"].as_u64().unwrap() as usize,
+        crate::input_rows(input).await.len(),
+        "{last}"
+    );
 }
 
 /// The sink's URL names a host that the driver resolves to one server and the workers (other

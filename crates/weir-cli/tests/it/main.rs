@@ -25,45 +25,29 @@ pub fn bin() -> PathBuf {
 }
 
 pub fn gen_orders(input: &Path, files: usize, rows_per_file: usize, keys: u64) {
-    let out = run_weir(
-        &bin(),
-        &[
-            "gen",
-            "--dir",
-            input.to_str().unwrap(),
-            "--files",
-            &files.to_string(),
-            "--rows-per-file",
-            &rows_per_file.to_string(),
-            "--keys",
-            &keys.to_string(),
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    weir_gen(input, files, rows_per_file, &["--keys", &keys.to_string()]);
 }
 
 /// Order files numbered from `first`, `files` of `rows` rows over 5 keys, into `input`.
 pub fn gen_orders_from(input: &Path, first: usize, files: usize, rows: usize, _keys: u64) {
-    let out = run_weir(
-        &bin(),
-        &[
-            "gen",
-            "--dir",
-            input.to_str().unwrap(),
-            "--files",
-            &files.to_string(),
-            "--rows-per-file",
-            &rows.to_string(),
-            "--first-file",
-            &first.to_string(),
-        ],
-        None,
-    );
+    weir_gen(input, files, rows, &["--first-file", &first.to_string()]);
+}
+
+/// `weir gen` of `files` files of `rows` rows into `input`, with `extra` arguments; it must
+/// succeed.
+pub fn weir_gen(input: &Path, files: usize, rows: usize, extra: &[&str]) {
+    let (files, rows) = (files.to_string(), rows.to_string());
+    let mut args = vec![
+        "gen",
+        "--dir",
+        input.to_str().unwrap(),
+        "--files",
+        &files,
+        "--rows-per-file",
+        &rows,
+    ];
+    args.extend_from_slice(extra);
+    let out = run_weir(&bin(), &args, None);
     assert!(
         out.status.success(),
         "{}",

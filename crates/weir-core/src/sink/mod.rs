@@ -38,8 +38,8 @@ pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
 pub(crate) use worker_write::WritePlanner;
 pub use worker_write::{
     DecodeWrite, PlanNodes, WorkerWrite, WriteKind, WritePlan, find_write, is_data_error,
-    on_workers, task_data_error, task_error, write_location, write_properties, written_batch,
-    written_rows, written_schema,
+    on_workers, read_body, task_data_error, task_error, write_body, write_location,
+    write_properties, written_batch, written_rows, written_schema,
 };
 
 /// The user's function: called once per attempt of a batch, on one task, batches in order.

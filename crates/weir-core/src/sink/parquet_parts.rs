@@ -37,8 +37,8 @@ use serde::{Deserialize, Serialize};
 use super::parquet_dictionary::rows_of;
 use super::parquet_encode::{Chunker, ParquetCompression, put_encoded};
 use super::worker_write::{
-    WorkerWrite, WriteKind, WritePlan, task_error, write_location, write_properties, written_batch,
-    written_rows, written_schema,
+    WorkerWrite, WriteKind, WritePlan, read_body, task_error, write_body, write_location,
+    write_properties, written_batch, written_rows, written_schema,
 };
 use crate::error::{Error, Result};
 use crate::storage::{Location, temp_target};
@@ -275,22 +275,23 @@ impl WorkerWrite for ParquetPartsExec {
     }
 
     fn encode(&self) -> DfResult<(SchemaRef, String)> {
-        let body = serde_json::to_string(&self.write)
-            .map_err(|e| DataFusionError::Internal(format!("encoding {}: {e}", self.kind())))?;
+        let body = write_body(self.kind(), &self.write)?;
         Ok((written_schema(), body))
     }
 }
 
+/// The write's name on the wire.
+const KIND: &str = "weir.ParquetParts.v1";
+
 /// The Parquet sink's write on the wire.
 pub const PARQUET_PARTS: WriteKind = WriteKind {
-    kind: "weir.ParquetParts.v1",
+    kind: KIND,
     find: |node| {
         node.downcast_ref::<ParquetPartsExec>()
             .map(|w| w as &dyn WorkerWrite)
     },
     decode: |input, _schema, body| {
-        let write: PartsWrite = serde_json::from_str(body)
-            .map_err(|e| DataFusionError::Internal(format!("decoding a Parquet write: {e}")))?;
+        let write: PartsWrite = read_body(KIND, body)?;
         Ok(Arc::new(ParquetPartsExec::try_new(input, write)?))
     },
 };

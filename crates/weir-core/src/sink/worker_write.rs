@@ -157,6 +157,18 @@ pub fn is_data_error(e: &(dyn std::error::Error + 'static)) -> bool {
     crate::error::error_chain(e).contains(NOT_RETRIED)
 }
 
+/// A write's description as JSON for the wire ([`WorkerWrite::encode`]'s body).
+pub fn write_body(kind: &str, write: &impl serde::Serialize) -> DfResult<String> {
+    serde_json::to_string(write)
+        .map_err(|e| DataFusionError::Internal(format!("encoding {kind}: {e}")))
+}
+
+/// A write's description read back from its body ([`WriteKind::decode`]).
+pub fn read_body<T: serde::de::DeserializeOwned>(kind: &str, body: &str) -> DfResult<T> {
+    serde_json::from_str(body)
+        .map_err(|e| DataFusionError::Internal(format!("decoding {kind}: {e}")))
+}
+
 /// The rows of a write's output, in the order the tasks gave them.
 pub fn written_rows(out: &[RecordBatch]) -> Result<Vec<String>> {
     let mut rows = Vec::new();

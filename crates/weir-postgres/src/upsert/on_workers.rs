@@ -47,8 +47,8 @@ use weir_core::datafusion::physical_plan::{
 use weir_core::datafusion::prelude::DataFrame;
 use weir_core::sink::upsert::{NullCount, NullScreen};
 use weir_core::sink::{
-    PlanRunner, WorkerWrite, WriteKind, WritePlan, on_workers, task_data_error, task_error,
-    write_properties, written_batch, written_rows, written_schema,
+    PlanRunner, WorkerWrite, WriteKind, WritePlan, on_workers, read_body, task_data_error,
+    task_error, write_body, write_properties, written_batch, written_rows, written_schema,
 };
 use weir_core::{BatchContext, SinkMetric, fault};
 
@@ -327,23 +327,23 @@ impl WorkerWrite for PgStagingExec {
     }
 
     fn encode(&self) -> DfResult<(SchemaRef, String)> {
-        let body = serde_json::to_string(&self.write)
-            .map_err(|e| DataFusionError::Internal(format!("encoding {}: {e}", self.kind())))?;
+        let body = write_body(self.kind(), &self.write)?;
         Ok((written_schema(), body))
     }
 }
 
+/// The write's name on the wire.
+const KIND: &str = "weir.PgStaging.v1";
+
 /// The PostgreSQL upsert's staging on the wire.
 pub const PG_STAGING: WriteKind = WriteKind {
-    kind: "weir.PgStaging.v1",
+    kind: KIND,
     find: |node| {
         node.downcast_ref::<PgStagingExec>()
             .map(|w| w as &dyn WorkerWrite)
     },
     decode: |input, _schema, body| {
-        let write: StagingWrite = serde_json::from_str(body).map_err(|e| {
-            DataFusionError::Internal(format!("decoding a PostgreSQL staging write: {e}"))
-        })?;
+        let write: StagingWrite = read_body(KIND, body)?;
         Ok(Arc::new(PgStagingExec::new(input, write)))
     },
 };
