@@ -515,28 +515,62 @@ impl Checkpoint {
     }
 }
 
-/// Removes the temp files a crash left in the logs: `offsets/N` or `commits/N` written to
-/// `.N.<uuid>.tmp` and never linked into place (a kill while the function ran leaves
-/// `commits/N`'s). Only the holder of the checkpoint writes them, and the caller holds it.
+/// Removes the temp files a crash left in the folders the checkpoint's holder writes: the
+/// logs (`offsets/N` or `commits/N` written to `.N.<uuid>.tmp` and never linked into place;
+/// a kill while the function ran leaves `commits/N`'s), the sources' logs (`sources/<i>`),
+/// and the state (`state/<operator>/_metadata` and every partition's folder). Only the
+/// holder writes there, and the caller holds the checkpoint; only names of weir's temp
+/// files (`.<name>.<32 hex>.tmp`) are touched.
 async fn remove_stale_temps(root: &Location) -> Result<()> {
-    for log in ["offsets", "commits"] {
-        let dir = root.join(log);
+    let mut dirs = vec![root.join("offsets"), root.join("commits")];
+    // Temp files are a local write's (an object store's writes are single PUTs).
+    if let Some(path) = root.local_path() {
+        let path = path.to_path_buf();
+        let found = tokio::task::spawn_blocking(move || {
+            let mut found = Vec::new();
+            for (parent, depth) in [("sources", 1), ("state", 2)] {
+                let mut level = vec![parent.to_string()];
+                for _ in 0..depth {
+                    let mut next = Vec::new();
+                    for rel in &level {
+                        let Ok(entries) = std::fs::read_dir(path.join(rel)) else {
+                            continue;
+                        };
+                        for e in entries.flatten() {
+                            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                                next.push(format!("{rel}/{}", e.file_name().to_string_lossy()));
+                            }
+                        }
+                    }
+                    found.extend(next.iter().cloned());
+                    level = next;
+                }
+            }
+            found
+        })
+        .await
+        .map_err(|e| Error::Internal {
+            what: format!("listing the checkpoint's folders: {e}"),
+        })?;
+        dirs.extend(found.iter().map(|rel| root.join(rel)));
+    }
+    for dir in dirs {
         let doomed: Vec<String> = dir
             .list_names()
             .await?
             .into_iter()
-            .filter(|n| is_log_temp(n))
+            .filter(|n| crate::storage::temp_target(n).is_some())
             .collect();
         if !doomed.is_empty() {
+            tracing::info!(
+                "removing {} temp file(s) a crash left in {dir}: {}",
+                doomed.len(),
+                doomed.join(", ")
+            );
             dir.delete_many(doomed).await?;
         }
     }
     Ok(())
-}
-
-/// `.N.<uuid>.tmp`, as weir names a log entry's temp file.
-fn is_log_temp(name: &str) -> bool {
-    crate::storage::temp_target(name).is_some_and(|n| n.parse::<u64>().is_ok())
 }
 
 /// True when the pinned settings of a batch are Spark's (the batch was planned by Spark).

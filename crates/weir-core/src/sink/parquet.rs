@@ -124,12 +124,19 @@ impl ParquetSink {
                         ),
                     ));
                 }
+                // The owner file's temp files a crash left, removed once the folder is
+                // this query's.
+                let leftovers: Vec<String> = names
+                    .iter()
+                    .filter(|n| crate::storage::temp_target(n) == Some(OWNER))
+                    .cloned()
+                    .collect();
                 if self.dir.put_new(OWNER, mine.clone()).await? == WriteOutcome::Written {
-                    return Ok(());
+                    return self.dir.delete_many(leftovers).await;
                 }
                 let theirs = self.dir.get(OWNER).await?.unwrap_or_default();
                 if theirs == mine {
-                    return Ok(());
+                    return self.dir.delete_many(leftovers).await;
                 }
                 Err(self.sink_err(
                     batch_id,
@@ -421,6 +428,39 @@ mod tests {
                 .collect::<std::result::Result<_, _>>()
                 .unwrap();
             assert_eq!(concat_batches(&schema, &read).unwrap(), rows, "{asked:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod leftover_tests {
+    use datafusion::prelude::SessionContext;
+
+    use super::*;
+
+    /// A crash while the owner file was written leaves its temp file; the query that owns
+    /// the folder removes it, and leaves other hidden names alone.
+    #[tokio::test]
+    async fn the_owner_file_s_leftover_temp_files_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let query = uuid::Uuid::new_v4();
+        let leftover = format!(".{OWNER}.{}.tmp", "0123456789abcdef0123456789abcdef");
+        let kept = format!(".{OWNER}.notours.tmp");
+        for (name, restart) in [(&leftover, false), (&leftover, true)] {
+            std::fs::write(dir.path().join(name), b"{\"queryId\":").unwrap();
+            std::fs::write(dir.path().join(&kept), b"x").unwrap();
+            let sink = ParquetSink::new(Location::local(dir.path()));
+            let rows = RecordBatch::try_from_iter([(
+                "id",
+                Arc::new(datafusion::arrow::array::Int64Array::from(vec![1])) as _,
+            )])
+            .unwrap();
+            let df = SessionContext::new().read_batch(rows).unwrap();
+            let ctx = BatchContext::new(query, "q", u64::from(restart));
+            sink.write(df, &ctx).await.unwrap();
+            assert!(!dir.path().join(name).exists(), "restart {restart}: {name}");
+            assert!(dir.path().join(&kept).exists());
+            assert!(dir.path().join(OWNER).exists());
         }
     }
 }
