@@ -79,6 +79,9 @@ pub(crate) struct QueryConfig {
     pub trigger: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_batches_to_retain: Option<u64>,
+    /// Partitions of a stateful operator's state, by key hash (fixed once written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_partitions: Option<u32>,
     /// How long the lease of an object-store checkpoint lives without renewal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl: Option<DurationText>,
@@ -232,9 +235,6 @@ impl Pipeline {
         self.trigger()?;
         if let Some(c) = &self.cluster {
             c.check()?;
-            if let Some(t) = &self.transform {
-                weir_core::engine::check_steps_on_cluster(&t.steps()?)?;
-            }
             if !self.source.spec().reads_on_workers() {
                 anyhow::bail!(
                     "invalid setting 'cluster': the {} source does not run on a cluster yet \
@@ -419,6 +419,9 @@ impl Pipeline {
             .checkpoint(env.location("query.checkpoint", &self.query.checkpoint)?)
             .trigger(self.trigger()?)
             .sink(FanOut::new(self.sinks()?).overlap_stages(true));
+        if let Some(n) = self.query.state_partitions {
+            writer = writer.state_partitions(n);
+        }
         if let Some(n) = self.query.min_batches_to_retain {
             writer = writer.min_batches_to_retain(n);
         }

@@ -254,22 +254,26 @@ impl Cluster for WeirCluster {
             .create_physical_plan()
             .await
             .map_err(|e| failed("planning the batch", e))?;
-        let batches = match datafusion::physical_plan::collect(plan.clone(), task_ctx).await {
-            Ok(b) => b,
-            Err(e) => {
-                // Say which workers went away: a transport error names none.
-                let gone = self.unanswering().await;
-                let what = if gone.is_empty() {
-                    "running the batch's plan on the workers".to_string()
-                } else {
-                    format!(
-                        "running the batch's plan on the workers ({} not answering now)",
-                        gone.join(", ")
-                    )
-                };
-                return Err(failed(&what, e));
-            }
-        };
+        // Partition by partition, in partition order: each task's share comes back in the
+        // order it read it, and the tasks in their order, so the rows' order is the same on
+        // every run of the plan with the same tasks (a deduplication's first row of a key).
+        let batches =
+            match datafusion::physical_plan::collect_partitioned(plan.clone(), task_ctx).await {
+                Ok(parts) => parts.into_iter().flatten().collect::<Vec<_>>(),
+                Err(e) => {
+                    // Say which workers went away: a transport error names none.
+                    let gone = self.unanswering().await;
+                    let what = if gone.is_empty() {
+                        "running the batch's plan on the workers".to_string()
+                    } else {
+                        format!(
+                            "running the batch's plan on the workers ({} not answering now)",
+                            gone.join(", ")
+                        )
+                    };
+                    return Err(failed(&what, e));
+                }
+            };
         let with_metrics =
             rewrite_distributed_plan_with_metrics(plan, DistributedMetricsFormat::PerTask)
                 .await

@@ -36,6 +36,9 @@ struct QuerySpec {
     name: String,
     checkpoint: String,
     trigger: String,
+    /// `.option("statePartitions", n)` (`None`: what the state recorded, or the default).
+    #[serde(default)]
+    state_partitions: Option<u32>,
     /// Relative paths are taken from here (the Python process's working folder).
     base: Option<std::path::PathBuf>,
 }
@@ -57,6 +60,7 @@ struct Parsed {
     name: String,
     checkpoint: String,
     trigger: Trigger,
+    state_partitions: Option<u32>,
 }
 
 fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
@@ -109,6 +113,7 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
         name: spec.name,
         checkpoint: spec.checkpoint,
         trigger,
+        state_partitions: spec.state_partitions,
     })
 }
 
@@ -131,8 +136,11 @@ pub fn start_query(py: Python<'_>, spec: &str, func: Py<PyAny>) -> PyResult<Quer
         for step in p.steps {
             frame = frame.then(step);
         }
-        frame
-            .write_stream()
+        let mut writer = frame.write_stream();
+        if let Some(n) = p.state_partitions {
+            writer = writer.state_partitions(n);
+        }
+        writer
             .query_name(&p.name)
             .checkpoint(p.env.location("checkpointLocation", &p.checkpoint)?)
             .trigger(p.trigger)

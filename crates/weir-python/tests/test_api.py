@@ -280,3 +280,31 @@ def test_an_async_or_generator_function_is_refused_before_it_could_commit_unwrit
     with pytest.raises(weir.StreamingQueryException, match="returned coroutine for batch 0"):
         q.await_termination()
     assert not os.path.exists(tmp_path / "chk" / "commits" / "0")
+
+
+def test_state_partitions_is_a_writer_option_fixed_once_the_state_is_written(tmp_path):
+    rows = orders(300, 40)
+    write_json_files(tmp_path / "in", rows, 100)
+    seen = []
+
+    def start(**options):
+        w = files_stream(tmp_path / "in").drop_duplicates(["order_id"]).write_stream
+        for k, v in options.items():
+            w = w.option(k, v)
+        return (w.foreach_batch(lambda b, i: seen.extend(pa.table(b).column("order_id").to_pylist()))
+                .option("checkpointLocation", str(tmp_path / "chk")).query_name("parts")
+                .trigger(available_now=True).start())
+
+    with pytest.raises(weir.ConfigError, match="statePartitions"):
+        start(statePartitions=0)
+    q = start(statePartitions=3)
+    q.await_termination()
+    assert sorted(seen) == sorted({r["order_id"] for r in rows})
+    op = q.last_progress["stateOperators"][0]
+    assert op["numStateStoreInstances"] == 3
+    assert op["numRowsTotal"] == len({r["order_id"] for r in rows})
+    assert sorted(os.listdir(tmp_path / "chk" / "state" / "0")) == ["0", "1", "2", "_metadata"]
+    # Another number on the same checkpoint is refused, naming the setting.
+    q = start(**{"spark.sql.shuffle.partitions": 5})
+    with pytest.raises(weir.StreamingQueryException, match="state-partitions.*3 partition"):
+        q.await_termination()

@@ -703,27 +703,6 @@ async fn workers_that_cannot_take_the_plan_are_refused_before_batch_0_naming_the
     assert!(stderr.contains("no usable worker"), "{stderr}");
     assert!(stderr.contains(&gone), "{stderr}");
 
-    // A stateful step is refused on a cluster, naming it.
-    let p = cluster_pipeline(dir.path(), &[&w], "token = \"right\"", 1);
-    let text = std::fs::read_to_string(&p).unwrap().replace(
-        "[transform]\n",
-        "[transform]\ndrop-duplicates = [\"order_id\"]\n",
-    );
-    std::fs::write(&p, text).unwrap();
-    for command in ["check", "run"] {
-        let out = run_weir(&bin(), &[command, p.to_str().unwrap()], None);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{command}");
-        assert!(
-            stderr.contains("transform.drop-duplicates"),
-            "{command}: {stderr}"
-        );
-        assert!(
-            stderr.contains("do not run on a cluster yet"),
-            "{command}: {stderr}"
-        );
-    }
-
     // A source whose reads cannot go to workers yet is refused by `weir check`, naming it.
     let p = dir.path().join("rate.toml");
     std::fs::write(

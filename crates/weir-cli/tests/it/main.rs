@@ -7,6 +7,7 @@ mod cluster;
 mod cluster_delta;
 mod cluster_merge;
 mod cluster_pg;
+mod cluster_state;
 mod config;
 mod durability;
 mod kills;

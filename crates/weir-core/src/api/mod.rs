@@ -443,6 +443,7 @@ impl StreamingDataFrame {
             sink: None,
             listeners: Vec::new(),
             retain: 100,
+            state_partitions: None,
             behind: BehindDetector::default(),
             no_data_delay: Duration::from_millis(100),
             lease: LeaseSettings::default(),
@@ -459,6 +460,7 @@ pub struct DataStreamWriter {
     sink: Option<Arc<dyn ForeachBatch>>,
     listeners: Vec<Arc<dyn QueryListener>>,
     retain: u64,
+    state_partitions: Option<u32>,
     behind: BehindDetector,
     no_data_delay: Duration,
     lease: LeaseSettings,
@@ -544,6 +546,16 @@ impl DataStreamWriter {
         self
     }
 
+    /// The number of partitions a stateful operator's state is split into by key hash
+    /// (Spark's `spark.sql.shuffle.partitions` for state; default: what the checkpoint's
+    /// state recorded, else 8). Each partition's keys are looked up on a core of their own
+    /// and committed as files of their own. Fixed when the state is first written: a
+    /// different number on the same checkpoint is refused.
+    pub fn state_partitions(mut self, n: u32) -> Self {
+        self.state_partitions = Some(n);
+        self
+    }
+
     /// Alert when `addBatch` exceeds `fraction` of the trigger interval for `batches`
     /// batches in a row (default 0.7 and 3).
     pub fn falling_behind_alert(mut self, fraction: f64, batches: u32) -> Self {
@@ -603,6 +615,7 @@ impl DataStreamWriter {
             sink,
             trigger: self.trigger,
             retain: self.retain,
+            state_partitions: self.state_partitions,
             listeners: self.listeners,
             behind: self.behind,
             no_data_delay: self.no_data_delay,

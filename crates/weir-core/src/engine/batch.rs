@@ -13,9 +13,11 @@ use datafusion::prelude::{DataFrame, SessionContext};
 use futures::FutureExt;
 use tokio::sync::Mutex;
 
-use super::cluster::OnCluster;
+use super::cluster::{Cluster, OnCluster, WorkerTasks, run_and_hold};
 use super::kept_plan::{SqlPlan, deal};
-use super::stateful::{EventTime, EventTimeStats, Operator, check_no_operator_removed};
+use super::stateful::{
+    EventTime, EventTimeStats, Operator, StateSettings, check_no_operator_removed,
+};
 use super::transform::{Transform, sql_over_batch};
 use crate::error::{Error, Result, panic_text};
 use crate::fault::{self, AFTER_STATE_COMMIT, AFTER_USER_FN, BEFORE_STATE_COMMIT, BEFORE_USER_FN};
@@ -139,6 +141,15 @@ async fn partitions_of(table: &MemTable) -> Vec<Vec<RecordBatch>> {
     parts
 }
 
+/// What [`Steps::apply`] gives: the function's input, the batch's event times, and on a
+/// cluster, when the plan ran there already (the query has a stateful step), the input rows
+/// read and what each worker did.
+pub(super) struct Applied {
+    pub df: DataFrame,
+    pub event_times: EventTimeStats,
+    pub ran: Option<(u64, Vec<WorkerTasks>)>,
+}
+
 /// The query's steps between the source and the function, with the state they keep from
 /// batch to batch.
 pub(super) struct Steps {
@@ -161,12 +172,16 @@ impl Steps {
         transforms: Vec<Transform>,
         state_root: &Location,
         retain: u64,
+        partitions: Option<u32>,
     ) -> Result<Steps> {
-        let conf = StateConf::new(10, retain)?;
+        let settings = StateSettings {
+            conf: StateConf::new(10, retain)?,
+            partitions,
+        };
         let mut stateful = Vec::new();
         let mut watermark = None;
         for t in &transforms {
-            if let Some(op) = t.operator(stateful.len() as u32, state_root, conf)? {
+            if let Some(op) = t.operator(stateful.len() as u32, state_root, settings)? {
                 stateful.push(op);
             }
             if let Transform::Watermark { column, delay } = t {
@@ -202,17 +217,23 @@ impl Steps {
     }
 
     /// The function's input for batch `batch_id`'s rows `table`, and the event times seen.
+    ///
+    /// On a cluster (`input` is a plan) the steps before the first stateful one (the
+    /// watermark, a deduplication, an aggregation) are planned on it; that plan runs on the
+    /// workers there and its rows are held here, where the stateful steps and the rest run
+    /// (the state's partitions on this machine's cores). What the workers did is returned
+    /// then; `None` means the plan has not run yet.
     pub(super) async fn apply(
         &self,
         ctx: &SessionContext,
         input: BatchInput,
         batch_id: u64,
         event: Option<&EventTime>,
-    ) -> Result<(DataFrame, EventTimeStats)> {
+        cluster: Option<&Arc<dyn Cluster>>,
+    ) -> Result<Applied> {
         let mut event_times = EventTimeStats::default();
+        let mut on_cluster = None;
         let mut df = match input {
-            // A cluster's plan: its steps are planned on it (stateful ones are refused at
-            // start, so the loop below sees none).
             BatchInput::Planned(df) => df,
             BatchInput::Held(table) => {
                 if let [Transform::Sql(sql)] = self.transforms.as_slice() {
@@ -225,7 +246,11 @@ impl Steps {
                         .frame(ctx, sql, table.schema(), deal(parts, n))
                         .await
                         .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?;
-                    return Ok((df, event_times));
+                    return Ok(Applied {
+                        df,
+                        event_times,
+                        ran: None,
+                    });
                 }
                 ctx.read_table(table)
                     .map_err(|e| Error::datafusion("reading the materialized batch", e))?
@@ -233,6 +258,12 @@ impl Steps {
         };
         let mut stateful = 0;
         for t in &self.transforms {
+            let keeps_state = !matches!(t, Transform::Fn(_) | Transform::Sql(_));
+            if let (true, Some(c), true) = (keeps_state, cluster, on_cluster.is_none()) {
+                let (held, read, workers) = run_and_hold(c, ctx, df, batch_id).await?;
+                df = held;
+                on_cluster = Some((read, workers));
+            }
             df = match t {
                 Transform::DropDuplicates(_)
                 | Transform::DropDuplicatesWithinWatermark(_)
@@ -257,7 +288,11 @@ impl Steps {
                     .map_err(|e| Error::datafusion(format!("the SQL transform `{sql}`"), e))?,
             };
         }
-        Ok((df, event_times))
+        Ok(Applied {
+            df,
+            event_times,
+            ran: on_cluster,
+        })
     }
 
     /// Commits every operator's state version N+1 (after the function, before

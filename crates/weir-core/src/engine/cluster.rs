@@ -20,7 +20,6 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{DataFrame, SessionContext};
 use serde::{Deserialize, Serialize};
 
-use super::transform::Transform;
 use crate::error::{Error, Result};
 use crate::sink::PlanRunner;
 
@@ -66,27 +65,6 @@ pub trait Cluster: Send + Sync {
 
     /// Attempts of a batch's plan before the batch fails (at least 1).
     fn max_attempts(&self) -> u32;
-}
-
-/// The steps a cluster cannot run yet, refused before anything runs: state kept between
-/// batches is not partitioned over workers.
-pub fn check_steps_on_cluster(transforms: &[Transform]) -> Result<()> {
-    for t in transforms {
-        let step = match t {
-            Transform::DropDuplicates(_) => "drop-duplicates",
-            Transform::DropDuplicatesWithinWatermark(_) => "drop-duplicates-within-watermark",
-            Transform::Aggregate(_) => "aggregate",
-            Transform::Watermark { .. } => "with-watermark",
-            Transform::Fn(_) | Transform::Sql(_) => continue,
-        };
-        return Err(Error::config(
-            format!("transform.{step}"),
-            "stateful steps do not run on a cluster yet (their state is not partitioned \
-             over workers); run this query without [cluster], or move the step into the \
-             function",
-        ));
-    }
-    Ok(())
 }
 
 /// Runs a sink's plans for batch `batch_id` on the cluster ([`PlanRunner`]), keeping what

@@ -15,7 +15,7 @@ pub mod top_one;
 mod transform;
 pub mod trigger;
 
-pub use cluster::{Cluster, ClusterRun, WorkerTasks, check_steps_on_cluster};
+pub use cluster::{Cluster, ClusterRun, WorkerTasks};
 pub use progress::{
     BehindDetector, ClusterProgress, DURATION_PHASES, FallingBehind, Phase, QueryIdle,
     QueryListener, QueryStarted, QueryTerminated, SinkProgress, SourceProgress,
@@ -24,7 +24,7 @@ pub use progress::{
 pub use query::StreamingQuery;
 pub use start::PIN_TARGET_PARTITIONS;
 pub(crate) use start::{StartRequest, start};
-pub use stateful::{Aggregation, OutputMode};
+pub use stateful::{Aggregation, DEFAULT_STATE_PARTITIONS, OutputMode};
 pub(crate) use transform::check_transforms;
 pub use transform::{BATCH_VIEW, Transform, TransformOutput, check_steps, sql_over_batch};
 pub use trigger::{Trigger, parse_duration};

@@ -58,6 +58,8 @@ pub(crate) struct QuerySpec {
     pub sink: Arc<dyn ForeachBatch>,
     pub trigger: Trigger,
     pub retain: u64,
+    /// `state-partitions` (`None`: what the state recorded, or the default).
+    pub state_partitions: Option<u32>,
     pub listeners: Vec<Arc<dyn QueryListener>>,
     pub behind: BehindDetector,
     pub ctx: SessionContext,
@@ -110,7 +112,13 @@ impl Runner {
     /// The loop for `spec`, its steps opened on the checkpoint's state.
     pub(crate) async fn open(mut spec: QuerySpec, shared: Arc<Shared>) -> Result<Runner> {
         let transforms = std::mem::take(&mut spec.transforms);
-        let steps = Steps::open(transforms, &spec.checkpoint.state_root(), spec.retain).await?;
+        let steps = Steps::open(
+            transforms,
+            &spec.checkpoint.state_root(),
+            spec.retain,
+            spec.state_partitions,
+        )
+        .await?;
         Ok(Runner {
             spec,
             shared,
@@ -542,21 +550,27 @@ impl Runner {
             watermark_ms: p.metadata.batch_watermark_ms,
             late_ms: late_watermark_ms,
         });
-        let (df, event_times) = self
+        let applied = self
             .steps
-            .apply(ctx, input, id, event.as_ref())
+            .apply(ctx, input, id, event.as_ref(), self.spec.cluster.as_ref())
             .await
             .map_err(self.in_batch(id, "applying the transforms"))?;
+        let (df, event_times) = (applied.df, applied.event_times);
         durations.since(Phase::QueryPlanning, t);
         // On a cluster the plan runs on the workers now (reading is part of it) and the
         // function gets its rows, held here; a sink that writes on the workers gets the plan
         // instead, and the rows stay there.
+        // A query with a stateful step ran its plan on the workers already, and its rows
+        // are here.
         let on_workers = match &self.spec.cluster {
-            Some(c) if self.spec.sink.writes_on_workers() => Some(OnCluster::new(c.clone(), id)),
+            Some(c) if applied.ran.is_none() && self.spec.sink.writes_on_workers() => {
+                Some(OnCluster::new(c.clone(), id))
+            }
             _ => None,
         };
-        let (df, rows, cluster) = match &self.spec.cluster {
-            Some(c) if on_workers.is_none() => {
+        let (df, rows, cluster) = match (&self.spec.cluster, applied.ran) {
+            (_, Some((read, workers))) => (df, read, Some(workers)),
+            (Some(c), None) if on_workers.is_none() => {
                 let t = Instant::now();
                 let (df, read, workers) = run_and_hold(c, ctx, df, id)
                     .await

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use datafusion::prelude::SessionContext;
 
-use super::cluster::{Cluster, check_steps_on_cluster};
+use super::cluster::Cluster;
 use super::progress::QueryTerminated;
 use super::progress::{BehindDetector, QueryListener};
 use super::query::Status;
@@ -49,6 +49,8 @@ pub(crate) struct StartRequest {
     pub trigger: Trigger,
     /// Batches kept in the logs (`minBatchesToRetain`).
     pub retain: u64,
+    /// `state-partitions` (`None`: what the state recorded, or the default).
+    pub state_partitions: Option<u32>,
     pub listeners: Vec<Arc<dyn QueryListener>>,
     pub behind: BehindDetector,
     pub no_data_delay: Duration,
@@ -59,6 +61,9 @@ pub(crate) struct StartRequest {
 /// Checks everything, takes the checkpoint, decides where to start and spawns the query.
 pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
     check_at_start(&req.source.schema(), &req.transforms)?;
+    if let Some(n) = req.state_partitions {
+        crate::state::partitioned::check_partitions("query.state-partitions", n)?;
+    }
     if let Some(cluster) = &req.cluster {
         if !req.source.reads_on_workers() {
             return Err(Error::config(
@@ -70,7 +75,6 @@ pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
                 ),
             ));
         }
-        check_steps_on_cluster(&req.transforms)?;
         // No usable worker is an error before batch 0, naming each worker and why.
         let usable = cluster.prepare().await?;
         tracing::info!(
@@ -117,6 +121,7 @@ pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
         sink: req.sink,
         trigger: req.trigger,
         retain: req.retain,
+        state_partitions: req.state_partitions,
         listeners: req.listeners,
         behind: req.behind,
         ctx,

@@ -13,10 +13,10 @@ use datafusion::execution::context::SQLOptions;
 use datafusion::prelude::{DataFrame, SessionContext};
 
 use super::stateful::{
-    Aggregation, DedupeMode, Operator, WATERMARK_KEY, check_watermark_type, key_columns,
+    Aggregation, DedupeMode, Operator, StateSettings, WATERMARK_KEY, check_watermark_type,
+    key_columns,
 };
 use crate::error::{Error, Result};
-use crate::state::StateConf;
 use crate::storage::Location;
 
 /// The name under which a SQL transform sees the batch.
@@ -156,7 +156,7 @@ impl Transform {
         &self,
         index: u32,
         state_root: &Location,
-        conf: StateConf,
+        settings: StateSettings,
     ) -> Result<Option<Operator>> {
         Ok(match self {
             Transform::DropDuplicates(keys) => Some(Operator::dedupe(
@@ -164,17 +164,17 @@ impl Transform {
                 keys.clone(),
                 DedupeMode::Plain,
                 state_root,
-                conf,
+                settings,
             )),
             Transform::DropDuplicatesWithinWatermark(keys) => Some(Operator::dedupe(
                 index,
                 keys.clone(),
                 DedupeMode::WithinWatermark,
                 state_root,
-                conf,
+                settings,
             )),
             Transform::Aggregate(a) => {
-                Some(Operator::aggregate(index, a.clone(), state_root, conf)?)
+                Some(Operator::aggregate(index, a.clone(), state_root, settings)?)
             }
             Transform::Sql(_) | Transform::Fn(_) | Transform::Watermark { .. } => None,
         })

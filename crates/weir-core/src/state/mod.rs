@@ -24,6 +24,9 @@
 
 mod encode;
 pub mod files;
+pub mod partitioned;
+
+pub use partitioned::{PartitionedStore, partition_of};
 
 use std::collections::HashMap;
 

@@ -4,6 +4,7 @@
 
 mod files;
 mod runner;
+mod state_partitions;
 mod stateful;
 
 use std::sync::Arc;

@@ -252,6 +252,7 @@ class DataStreamWriter:
         self._fn = None
         self._name = None
         self._checkpoint = None
+        self._state_partitions = None
         self._trigger = "0"
 
     def foreach_batch(self, func):
@@ -286,8 +287,16 @@ class DataStreamWriter:
     def option(self, key, value):
         if key == "checkpointLocation":
             self._checkpoint = os.fspath(value)
+        elif key in ("statePartitions", "spark.sql.shuffle.partitions"):
+            # The partitions of the stateful operators' state (weir's own name; Spark's
+            # setting is accepted too): fixed once the state is written.
+            if isinstance(value, bool) or int(value) != value or int(value) < 1:
+                raise ConfigError(f"writer option '{key}' must be a whole number of at least 1")
+            self._state_partitions = int(value)
         else:
-            raise ConfigError(f"unknown writer option '{key}' (known: checkpointLocation)")
+            raise ConfigError(
+                f"unknown writer option '{key}' (known: checkpointLocation, statePartitions)"
+            )
         return self
 
     def options(self, **options):
@@ -337,6 +346,7 @@ class DataStreamWriter:
             "name": self._name or "weir",
             "checkpoint": self._checkpoint,
             "trigger": self._trigger,
+            "state-partitions": self._state_partitions,
             "base": os.getcwd(),
         })
 

@@ -1,10 +1,12 @@
 //! Stateful operators between the transforms and the function: event-time watermarks,
 //! streaming deduplication and streaming aggregation.
 //!
-//! Each operator keeps its state in its own [`StateStore`] (`state/<operator>/0`, one
-//! partition): batch N loads version N (the store holds it in memory between batches), and
-//! version N+1 is committed after the function returned `Ok` and before `commits/N`. A
-//! replay of N loads version N again, so it gives the same output as its first attempt.
+//! Each operator keeps its state in its own [`PartitionedStore`]
+//! (`state/<operator>/<partition>`: `state-partitions` partitions by key hash, each
+//! partition's keys looked up on a core of its own): batch N loads version N (the store
+//! holds it in memory between batches), and version N+1 is committed after the function
+//! returned `Ok` and before `commits/N`. A replay of N loads version N again, so it gives
+//! the same output as its first attempt.
 //!
 //! - `drop_duplicates(keys)` passes a row only if no row with the same key values came
 //!   before it, in this batch or any earlier one (Spark's `dropDuplicates`). Without a
@@ -41,7 +43,12 @@ use datafusion::datasource::MemTable;
 use datafusion::prelude::{DataFrame, SessionContext};
 
 use crate::error::{Error, Result};
-use crate::state::{OperatorMetadata, StateConf, StateStore, write_line_once};
+use crate::state::partitioned::check_partitions;
+use crate::state::{OperatorMetadata, PartitionedStore, StateConf, partition_of, write_line_once};
+
+/// Rows of a record batch from which a deduplication looks keys up on several threads (one
+/// per group of partitions); fewer are not worth the threads.
+const PARALLEL_ROWS: usize = 16 * 1024;
 use crate::storage::Location;
 
 use keys::{encode_value, family};
@@ -59,9 +66,9 @@ impl Operator {
         keys: Vec<String>,
         mode: DedupeMode,
         state_root: &Location,
-        conf: StateConf,
+        settings: StateSettings,
     ) -> Operator {
-        let op = OperatorState::new(index, state_root, conf);
+        let op = OperatorState::new(index, state_root, settings);
         Operator::Dedupe(Box::new(Dedupe::new(op, keys, mode)))
     }
 
@@ -70,9 +77,9 @@ impl Operator {
         index: u32,
         aggregation: Aggregation,
         state_root: &Location,
-        conf: StateConf,
+        settings: StateSettings,
     ) -> Result<Operator> {
-        let op = OperatorState::new(index, state_root, conf);
+        let op = OperatorState::new(index, state_root, settings);
         Ok(Operator::Aggregate(Box::new(aggregate::Aggregate::new(
             op,
             aggregation,
@@ -112,8 +119,8 @@ impl Operator {
             "commitTimeMs": commit_ms,
             "memoryUsedBytes": state.store.memory_bytes(),
             "numRowsDroppedByWatermark": m.dropped_late,
-            "numShufflePartitions": 1,
-            "numStateStoreInstances": 1,
+            "numShufflePartitions": state.store.partitions(),
+            "numStateStoreInstances": state.store.partitions(),
             "customMetrics": {}
         }))
     }
@@ -159,12 +166,14 @@ async fn check_operator_name(state_root: &Location, operator: u32, name: &str) -
 impl Operator {
     /// Checks, before the query starts, that the checkpoint's state for this operator's
     /// place was written by the same kind of operator.
+    /// Also refuses a `state-partitions` other than the one the state was written with.
     pub(crate) async fn check_place(&self, index: u32, state_root: &Location) -> Result<()> {
-        let name = match self {
-            Operator::Dedupe(d) => d.mode.name(),
-            Operator::Aggregate(_) => aggregate::OPERATOR_NAME,
+        let (name, op) = match self {
+            Operator::Dedupe(d) => (d.mode.name(), &d.op),
+            Operator::Aggregate(a) => (aggregate::OPERATOR_NAME, &a.op),
         };
-        check_operator_name(state_root, index, name).await
+        check_operator_name(state_root, index, name).await?;
+        op.resolve_partitions().await.map(|_| ())
     }
 }
 
@@ -186,29 +195,75 @@ pub(crate) async fn check_no_operator_removed(state_root: &Location, count: usiz
     Ok(())
 }
 
+/// How an operator's state is kept: its files' settings and the number of partitions
+/// asked for (`state-partitions`; `None`: what the checkpoint recorded, or
+/// [`DEFAULT_STATE_PARTITIONS`] for new state).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StateSettings {
+    pub(crate) conf: StateConf,
+    pub(crate) partitions: Option<u32>,
+}
+
+/// The number of state partitions of an operator whose state is new and whose query does
+/// not set `state-partitions`.
+pub const DEFAULT_STATE_PARTITIONS: u32 = 8;
+
+/// The setting the number of state partitions is given by, for errors.
+const PARTITIONS_KEY: &str = "query.state-partitions";
+
 /// What every operator has: its place in the checkpoint and its store.
 pub(crate) struct OperatorState {
     operator: u32,
     state_root: Location,
-    store: StateStore,
-    /// Whether the metadata was checked by this process.
+    settings: StateSettings,
+    store: PartitionedStore,
+    /// Whether the metadata was checked by this process (and the store made with the
+    /// number of partitions the state has).
     checked: bool,
 }
 
 impl OperatorState {
-    /// The state of the `index`-th operator (`state/<index>/0`), not loaded yet.
-    fn new(index: u32, state_root: &Location, conf: StateConf) -> Self {
+    /// The state of the `index`-th operator (`state/<index>/<partition>`), not loaded yet.
+    fn new(index: u32, state_root: &Location, settings: StateSettings) -> Self {
+        let dir = state_root.join(&index.to_string());
         OperatorState {
             operator: index,
             state_root: state_root.clone(),
-            store: StateStore::new(state_root.join(&format!("{index}/0")), conf),
+            settings,
+            store: PartitionedStore::new(&dir, 1, settings.conf),
             checked: false,
         }
     }
 
     /// The store's folder, for errors.
     fn store_path(&self) -> String {
-        self.state_root.describe(&format!("{}/0", self.operator))
+        self.state_root.describe(&self.operator.to_string())
+    }
+
+    /// The number of partitions the state has: what its metadata recorded, else the
+    /// setting, else the default; a setting that differs from what was recorded is refused.
+    async fn resolve_partitions(&self) -> Result<u32> {
+        let found = OperatorMetadata::read(&self.state_root, self.operator)
+            .await?
+            .and_then(|m| m.state_store_info.first().map(|s| s.num_partitions));
+        match (found, self.settings.partitions) {
+            (Some(f), Some(asked)) if f != asked => Err(Error::config(
+                PARTITIONS_KEY,
+                format!(
+                    "the state of stateful operator {} was written in {f} partition(s) ({}), \
+                     and this query asks for {asked}: the number of state partitions is \
+                     fixed when the state is first written (as Spark fixes \
+                     spark.sql.shuffle.partitions); set state-partitions = {f} or leave it \
+                     out, or start the query on a new checkpoint",
+                    self.operator,
+                    self.state_root
+                        .describe(&format!("{}/_metadata/metadata", self.operator)),
+                ),
+            )),
+            (Some(f), _) => check_partitions(PARTITIONS_KEY, f),
+            (None, Some(asked)) => check_partitions(PARTITIONS_KEY, asked),
+            (None, None) => Ok(DEFAULT_STATE_PARTITIONS),
+        }
     }
 
     /// Checks (once per process) and records what the state is written with: Spark's
@@ -248,7 +303,7 @@ impl OperatorState {
     }
 
     async fn check_metadata(
-        &self,
+        &mut self,
         batch_id: u64,
         name: &str,
         file: &str,
@@ -270,9 +325,15 @@ impl OperatorState {
                 ),
             ));
         }
-        OperatorMetadata::new(self.operator, name, 1)
+        let partitions = self.resolve_partitions().await?;
+        OperatorMetadata::new(self.operator, name, partitions)
             .ensure(&self.state_root)
             .await?;
+        self.store = PartitionedStore::new(
+            &self.state_root.join(&self.operator.to_string()),
+            partitions,
+            self.settings.conf,
+        );
         if let Some(found) = write_line_once(&meta_dir, file, description.clone()).await?
             && found != description
         {
@@ -389,44 +450,66 @@ impl Dedupe {
         let batches = collect_in_order(df, batch_id, key).await?;
         let started = Instant::now();
         self.metrics = OperatorMetrics::new(self.mode.name());
+        let parts = self.op.store.partitions();
+        let mode = self.mode;
+        // What a new key keeps: nothing, its event time, or the time it expires.
+        let value_of = |time: Option<i64>| match (keep_time, mode, time) {
+            (false, _, _) | (true, DedupeMode::Plain, None) => Vec::new(),
+            (true, DedupeMode::Plain, Some(t)) => t.to_le_bytes().to_vec(),
+            // Spark reads a NULL event time as 0 here.
+            (true, DedupeMode::WithinWatermark, t) => t
+                .unwrap_or(0)
+                .saturating_add(delay_us)
+                .to_le_bytes()
+                .to_vec(),
+        };
         let mut kept = Vec::with_capacity(batches.len());
-        let mut enc = Vec::new();
         for batch in batches {
+            let rows = batch.num_rows();
             let cols: Vec<&ArrayRef> = columns.iter().map(|i| batch.column(*i)).collect();
             let times = match event {
                 Some((_, i)) => Some(watermark::micros(batch.column(i))?),
                 None => None,
             };
-            let mut mask = Vec::with_capacity(batch.num_rows());
-            for row in 0..batch.num_rows() {
-                let time = times.as_ref().and_then(|t| t[row]);
-                if let (Some((e, _)), Some(t)) = (event, time)
+            let time_of = |row: usize| times.as_ref().and_then(|t| t[row]);
+            // Each row's key, encoded, and the rows of each partition in batch order; late
+            // rows are dropped first.
+            let mut keys = Vec::new();
+            let mut ends = Vec::with_capacity(rows);
+            let mut by_part: Vec<Vec<u32>> = vec![Vec::new(); parts as usize];
+            for row in 0..rows {
+                if let (Some((e, _)), Some(t)) = (event, time_of(row))
                     && e.late(t)
                 {
                     self.metrics.dropped_late += 1;
-                    mask.push(false);
+                    ends.push(keys.len());
                     continue;
                 }
-                enc.clear();
+                let start = keys.len();
                 for c in &cols {
-                    encode_value(&mut enc, c, row);
+                    encode_value(&mut keys, c, row);
                 }
-                let new = self.op.store.get(&enc).is_none();
-                if new {
-                    let value = match (keep_time, self.mode, time) {
-                        (false, _, _) | (true, DedupeMode::Plain, None) => Vec::new(),
-                        (true, DedupeMode::Plain, Some(t)) => t.to_le_bytes().to_vec(),
-                        // Spark reads a NULL event time as 0 here.
-                        (true, DedupeMode::WithinWatermark, t) => t
-                            .unwrap_or(0)
-                            .saturating_add(delay_us)
-                            .to_le_bytes()
-                            .to_vec(),
-                    };
-                    self.op.store.put(enc.clone(), value);
-                    self.metrics.updated += 1;
+                ends.push(keys.len());
+                by_part[partition_of(&keys[start..], parts)].push(row as u32);
+            }
+            let key_of = |row: usize| &keys[row.checked_sub(1).map_or(0, |r| ends[r])..ends[row]];
+            // A row passes if its key is new: the first of its key in the partition's rows,
+            // which are in batch order, and not in the state.
+            let new_rows = self.op.store.each_part(rows >= PARALLEL_ROWS, |p, store| {
+                let mut new = Vec::new();
+                for &row in &by_part[p] {
+                    let key = key_of(row as usize);
+                    if store.get(key).is_none() {
+                        store.put(key.to_vec(), value_of(time_of(row as usize)));
+                        new.push(row);
+                    }
                 }
-                mask.push(new);
+                new
+            });
+            let mut mask = vec![false; rows];
+            for row in new_rows.into_iter().flatten() {
+                mask[row as usize] = true;
+                self.metrics.updated += 1;
             }
             let filtered = filter_record_batch(&batch, &BooleanArray::from(mask))
                 .map_err(|e| Error::datafusion(key, e.into()))?;
@@ -437,21 +520,23 @@ impl Dedupe {
         self.metrics.update_ms = started.elapsed().as_millis() as u64;
         if let (Some((e, _)), true) = (event, keep_time) {
             // Evict what the batch's watermark passed (the time, or the expiry, kept with
-            // the key; keys kept without a time stay).
+            // the key; keys kept without a time stay), each partition by itself.
             let started = Instant::now();
-            let gone: Vec<Vec<u8>> = self
-                .op
-                .store
-                .iter()
-                .filter(|(_, v)| {
-                    <[u8; 8]>::try_from(*v).is_ok_and(|b| e.passed(i64::from_le_bytes(b)))
-                })
-                .map(|(k, _)| k.to_vec())
-                .collect();
-            self.metrics.removed = gone.len() as u64;
-            for k in gone {
-                self.op.store.remove(k);
-            }
+            let removed = self.op.store.each_part(true, |_, store| {
+                let gone: Vec<Vec<u8>> = store
+                    .iter()
+                    .filter(|(_, v)| {
+                        <[u8; 8]>::try_from(*v).is_ok_and(|b| e.passed(i64::from_le_bytes(b)))
+                    })
+                    .map(|(k, _)| k.to_vec())
+                    .collect();
+                let n = gone.len() as u64;
+                for k in gone {
+                    store.remove(k);
+                }
+                n
+            });
+            self.metrics.removed = removed.into_iter().sum();
             self.metrics.remove_ms = started.elapsed().as_millis() as u64;
         }
         frame(ctx, schema, vec![kept], key)

@@ -1,0 +1,146 @@
+//! Stateful steps with `[cluster]`: the reads and the steps before the first stateful one
+//! run on three `weir worker` processes, the state's partitions on the driver. Every key
+//! passes once through a worker SIGKILLed and restarted mid-run, and a windowed count gives
+//! what one process gives through kills of the driver at its fault points.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use weir_core::fault::{AFTER_STATE_COMMIT, AFTER_USER_FN, BEFORE_STATE_COMMIT};
+use weir_testkit::{parquet_rows, temp_dir};
+
+use crate::cluster::{
+    COLS, Worker, WorkerKill, progress_reports, refs, run_killing_a_worker, tasks_of,
+};
+use crate::kills::killed_in_batch_2_then_rerun;
+use crate::{gen_orders, input_rows, pipeline_with, progress_batches, run_to_end};
+
+/// The orders pipeline with `transform` and a Parquet sink, `state-partitions = 4`, on
+/// `workers` (in one process when there are none).
+fn stateful_pipeline(
+    dir: &Path,
+    workers: &[&Worker],
+    transform: &str,
+    max_files: usize,
+) -> std::path::PathBuf {
+    let cluster = if workers.is_empty() {
+        String::new()
+    } else {
+        let urls: Vec<String> = workers.iter().map(|w| format!("\"{}\"", w.url)).collect();
+        format!(
+            "[cluster]\nworkers = [{}]\nconnect-timeout = \"2s\"\nmax-batch-attempts = 4\n",
+            urls.join(", ")
+        )
+    };
+    let p = pipeline_with(
+        dir,
+        max_files,
+        &format!("{transform}\n[[sink]]\ntype = \"parquet\"\npath = \"out\"\n\n{cluster}"),
+    );
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "trigger = \"available-now\"\n",
+        "trigger = \"available-now\"\nstate-partitions = 4\n",
+    );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[tokio::test]
+async fn a_dedupe_on_a_cluster_passes_each_key_once_through_a_worker_kill() {
+    let mut ws = Worker::three(None);
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 30, 2000, 20_000);
+    let p = stateful_pipeline(
+        dir.path(),
+        &refs(&ws),
+        "[transform]\ndrop-duplicates = [\"order_id\"]\n",
+        3,
+    );
+    let progress = dir.path().join("progress.jsonl");
+    let stderr = run_killing_a_worker(
+        &p,
+        &progress,
+        &[],
+        Some(WorkerKill {
+            workers: &mut ws,
+            index: 1,
+            after: 2,
+            restart: &|a| Worker::start(a, None),
+        }),
+    );
+    assert_eq!(
+        progress_batches(&progress),
+        (0..10).collect::<Vec<u64>>(),
+        "{stderr}"
+    );
+
+    let all = input_rows(&input).await;
+    let inputs: BTreeSet<&str> = all.iter().map(String::as_str).collect();
+    let keys: BTreeSet<&str> = all.iter().map(|r| r.split('|').next().unwrap()).collect();
+    let got = parquet_rows(&dir.path().join("out"), &COLS).await;
+    let mut per_key: BTreeMap<&str, usize> = BTreeMap::new();
+    for row in &got {
+        assert!(inputs.contains(row.as_str()), "{row} is not an input row");
+        *per_key.entry(row.split('|').next().unwrap()).or_default() += 1;
+    }
+    assert_eq!(got.len(), keys.len(), "one row per key");
+    assert!(per_key.values().all(|n| *n == 1));
+    assert_eq!(per_key.keys().copied().collect::<BTreeSet<_>>(), keys);
+
+    let reports = progress_reports(&progress);
+    let read: u64 = reports
+        .iter()
+        .map(|r| r["numInputRows"].as_u64().unwrap())
+        .sum();
+    assert_eq!(read, 60_000, "the workers read every row once");
+    assert!(tasks_of(&reports) > 0, "the workers ran the reads");
+    let op = &reports.last().unwrap()["stateOperators"][0];
+    assert_eq!(op["numRowsTotal"], keys.len() as u64, "{op}");
+    assert_eq!(op["numStateStoreInstances"], 4, "{op}");
+}
+
+/// A windowed count and max (order-free aggregates) on the cluster, the driver killed in
+/// batch 2 around its state commit, equals one process's uninterrupted run.
+#[tokio::test]
+async fn a_windowed_count_on_a_cluster_through_driver_kills_equals_one_process() {
+    let ws = Worker::three(None);
+    let transform = r#"[transform]
+with-watermark = { column = "updated_at", delay = "30 seconds" }
+
+[transform.aggregate]
+group-by = ["status"]
+window = { column = "updated_at", size = "1 minute" }
+aggregates = ["count(*) AS n", "max(amount) AS top", "min(updated_at) AS first"]
+output-mode = "append"
+"#;
+    let cols = ["status", "window_start", "window_end", "n", "top", "first"];
+    let alone = {
+        let dir = temp_dir();
+        gen_orders(&dir.path().join("in"), 8, 400, 300);
+        let p = stateful_pipeline(dir.path(), &[], transform, 2);
+        let last = run_to_end(&p, &dir.path().join("p.jsonl"));
+        assert!(last["cluster"].is_null(), "{last}");
+        parquet_rows(&dir.path().join("out"), &cols).await
+    };
+    assert!(alone.len() > 4, "windows closed: {alone:?}");
+    for point in [AFTER_USER_FN, BEFORE_STATE_COMMIT, AFTER_STATE_COMMIT] {
+        let dir = temp_dir();
+        gen_orders(&dir.path().join("in"), 8, 400, 300);
+        let p = stateful_pipeline(dir.path(), &refs(&ws), transform, 2);
+        let (first, second) = (dir.path().join("p1.jsonl"), dir.path().join("p2.jsonl"));
+        killed_in_batch_2_then_rerun(&p, point, &first, &second);
+        assert_eq!(
+            progress_batches(&second).first(),
+            Some(&2),
+            "{point}: batch 2 again"
+        );
+        let reports = progress_reports(&second);
+        assert!(tasks_of(&reports) > 0, "{point}: the workers ran the reads");
+        let got = parquet_rows(&dir.path().join("out"), &cols).await;
+        assert_eq!(
+            got, alone,
+            "{point}: the cluster's windows are one process's"
+        );
+    }
+}
