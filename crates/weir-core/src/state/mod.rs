@@ -24,16 +24,16 @@
 
 mod encode;
 pub mod files;
+mod flat;
 pub mod partitioned;
 
 pub use partitioned::{PartitionedStore, partition_of};
-
-use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::storage::Location;
 
 use files::{Files, Kind, file_name};
+use flat::FlatMap;
 
 /// How a store writes and keeps its files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,10 +75,6 @@ impl Default for StateConf {
     }
 }
 
-/// Bytes a key takes in memory beyond its key and value bytes (two vectors and the hash
-/// table's slot), for the memory figure progress reports.
-const ENTRY_OVERHEAD: usize = 2 * std::mem::size_of::<Vec<u8>>() + 16;
-
 /// The state of one partition of one operator.
 #[derive(Debug)]
 pub struct StateStore {
@@ -88,11 +84,10 @@ pub struct StateStore {
     files: Option<Files>,
     /// The version `committed` holds (`None`: nothing loaded).
     version: Option<u64>,
-    committed: HashMap<Vec<u8>, Vec<u8>>,
+    /// The version's keys (never a removal).
+    committed: FlatMap,
     /// This attempt's changes: `Some`: put, `None`: removed.
-    pending: HashMap<Vec<u8>, Option<Vec<u8>>>,
-    /// Key and value bytes in `committed`.
-    bytes: usize,
+    pending: FlatMap,
 }
 
 impl StateStore {
@@ -103,9 +98,8 @@ impl StateStore {
             conf,
             files: None,
             version: None,
-            committed: HashMap::new(),
-            pending: HashMap::new(),
-            bytes: 0,
+            committed: FlatMap::default(),
+            pending: FlatMap::default(),
         }
     }
 
@@ -131,12 +125,10 @@ impl StateStore {
             return Ok(());
         }
         self.version = None;
-        self.committed = HashMap::new();
-        self.bytes = 0;
+        self.committed = FlatMap::default();
         let loaded = self.read_version(version).await;
         if loaded.is_err() {
-            self.committed = HashMap::new();
-            self.bytes = 0;
+            self.committed = FlatMap::default();
         }
         loaded
     }
@@ -166,20 +158,17 @@ impl StateStore {
         })?;
         if let Some(s) = plan.snapshot {
             let bytes = self.read(s, Kind::Snapshot).await?;
-            let (map, total) = (&mut self.committed, &mut self.bytes);
-            encode::decode(bytes, Kind::Snapshot, s, |k, v| {
-                apply(map, total, k.to_vec(), v.map(<[u8]>::to_vec));
-            })
-            .map_err(|reason| self.corrupt(s, Kind::Snapshot, reason))?;
+            let map = &mut self.committed;
+            encode::decode(bytes, Kind::Snapshot, s, |k, v| apply(map, k, v))
+                .map_err(|reason| self.corrupt(s, Kind::Snapshot, reason))?;
         }
         for v in plan.deltas {
             let bytes = self.read(v, Kind::Delta).await?;
-            let (map, total) = (&mut self.committed, &mut self.bytes);
-            encode::decode(bytes, Kind::Delta, v, |k, value| {
-                apply(map, total, k.to_vec(), value.map(<[u8]>::to_vec));
-            })
-            .map_err(|reason| self.corrupt(v, Kind::Delta, reason))?;
+            let map = &mut self.committed;
+            encode::decode(bytes, Kind::Delta, v, |k, value| apply(map, k, value))
+                .map_err(|reason| self.corrupt(v, Kind::Delta, reason))?;
         }
+        self.committed.compact();
         self.version = Some(version);
         Ok(())
     }
@@ -187,20 +176,20 @@ impl StateStore {
     /// The value of `key` as this attempt sees it.
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
         match self.pending.get(key) {
-            Some(change) => change.as_deref(),
-            None => self.committed.get(key).map(Vec::as_slice),
+            Some(change) => change,
+            None => self.committed.get(key).flatten(),
         }
     }
 
     /// Sets `key` to `value`.
     pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.pending.insert(key, Some(value));
+        self.pending.insert(&key, Some(&value));
     }
 
     /// Removes `key`.
     pub fn remove(&mut self, key: Vec<u8>) {
         if self.committed.contains_key(&key) {
-            self.pending.insert(key, None);
+            self.pending.insert(&key, None);
         } else {
             // Not in the committed version: nothing to write down.
             self.pending.remove(&key);
@@ -212,12 +201,9 @@ impl StateStore {
         let committed = self
             .committed
             .iter()
-            .filter(|(k, _)| !self.pending.contains_key(*k))
-            .map(|(k, v)| (k.as_slice(), v.as_slice()));
-        let pending = self
-            .pending
-            .iter()
-            .filter_map(|(k, v)| Some((k.as_slice(), v.as_deref()?)));
+            .filter(|(k, _)| !self.pending.contains_key(k))
+            .filter_map(|(k, v)| Some((k, v?)));
+        let pending = self.pending.iter().filter_map(|(k, v)| Some((k, v?)));
         committed.chain(pending)
     }
 
@@ -233,7 +219,7 @@ impl StateStore {
 
     /// Memory the committed version takes, estimated (progress's `memoryUsedBytes`).
     pub fn memory_bytes(&self) -> usize {
-        self.bytes + self.committed.len() * ENTRY_OVERHEAD
+        self.committed.memory_bytes()
     }
 
     /// Writes this attempt's changes as the next version (its delta, and a snapshot when one
@@ -248,10 +234,11 @@ impl StateStore {
         let result = self.write_next().await;
         match &result {
             Ok(next) => {
-                let changes = std::mem::take(&mut self.pending);
-                for (k, v) in changes {
-                    apply(&mut self.committed, &mut self.bytes, k, v);
+                for (k, v) in self.pending.iter() {
+                    apply(&mut self.committed, k, v);
                 }
+                self.pending.clear();
+                self.committed.compact();
                 self.version = Some(*next);
             }
             Err(_) => {
@@ -285,11 +272,7 @@ impl StateStore {
                 files.remove(v, k);
             }
         }
-        let mut changes: Vec<(&[u8], Option<&[u8]>)> = self
-            .pending
-            .iter()
-            .map(|(k, v)| (k.as_slice(), v.as_deref()))
-            .collect();
+        let mut changes: Vec<(&[u8], Option<&[u8]>)> = self.pending.iter().collect();
         // Sorted: a replay making the same changes writes the same bytes, and reading back
         // checks the order.
         changes.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -298,17 +281,8 @@ impl StateStore {
         self.dir.create_dir().await?;
         self.write_once(next, Kind::Delta, delta).await?;
         if next.is_multiple_of(self.conf.snapshot_every) {
-            let mut rows: Vec<(&[u8], Option<&[u8]>)> = self
-                .committed
-                .iter()
-                .filter(|(k, _)| !self.pending.contains_key(*k))
-                .map(|(k, v)| (k.as_slice(), Some(v.as_slice())))
-                .chain(
-                    self.pending
-                        .iter()
-                        .filter_map(|(k, v)| Some((k.as_slice(), Some(v.as_deref()?)))),
-                )
-                .collect();
+            let mut rows: Vec<(&[u8], Option<&[u8]>)> =
+                self.iter().map(|(k, v)| (k, Some(v))).collect();
             rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
             let snapshot = encode::encode(Kind::Snapshot, next, rows.into_iter())
                 .map_err(|e| self.encoding(next, Kind::Snapshot, e))?;
@@ -382,22 +356,13 @@ impl StateStore {
     }
 }
 
-fn apply(
-    map: &mut HashMap<Vec<u8>, Vec<u8>>,
-    bytes: &mut usize,
-    key: Vec<u8>,
-    value: Option<Vec<u8>>,
-) {
-    let klen = key.len();
-    let old = match value {
-        Some(v) => {
-            *bytes += klen + v.len();
-            map.insert(key, v)
+/// A change to a version's keys: `Some` puts, `None` removes.
+fn apply(map: &mut FlatMap, key: &[u8], value: Option<&[u8]>) {
+    match value {
+        Some(v) => map.insert(key, Some(v)),
+        None => {
+            map.remove(key);
         }
-        None => map.remove(&key),
-    };
-    if let Some(old) = old {
-        *bytes = bytes.saturating_sub(klen + old.len());
     }
 }
 
