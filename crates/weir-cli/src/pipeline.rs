@@ -233,6 +233,9 @@ impl Pipeline {
     /// Checks the values serde cannot, without reading or writing anything.
     pub(crate) fn check(&self) -> Result<()> {
         self.trigger()?;
+        if let Some(n) = self.query.state_partitions {
+            weir_core::state::partitioned::check_partitions("query.state-partitions", n)?;
+        }
         if let Some(c) = &self.cluster {
             c.check()?;
             if !self.source.spec().reads_on_workers() {

@@ -305,6 +305,5 @@ def test_state_partitions_is_a_writer_option_fixed_once_the_state_is_written(tmp
     assert op["numRowsTotal"] == len({r["order_id"] for r in rows})
     assert sorted(os.listdir(tmp_path / "chk" / "state" / "0")) == ["0", "1", "2", "_metadata"]
     # Another number on the same checkpoint is refused, naming the setting.
-    q = start(**{"spark.sql.shuffle.partitions": 5})
-    with pytest.raises(weir.StreamingQueryException, match="state-partitions.*3 partition"):
-        q.await_termination()
+    with pytest.raises(weir.WeirError, match="state-partitions.*3 partition"):
+        start(**{"spark.sql.shuffle.partitions": 5}).await_termination()

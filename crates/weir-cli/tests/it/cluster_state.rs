@@ -144,3 +144,34 @@ output-mode = "append"
         );
     }
 }
+
+/// A query refused for its `state-partitions` touches no sink: a new Parquet folder is not
+/// claimed (a fresh checkpoint could not write to it afterwards).
+#[tokio::test]
+async fn a_query_refused_for_its_state_partitions_touches_no_sink() {
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 4, 100, 50);
+    let p = stateful_pipeline(
+        dir.path(),
+        &[],
+        "[transform]\ndrop-duplicates = [\"order_id\"]\n",
+        2,
+    );
+    run_to_end(&p, &dir.path().join("p1.jsonl"));
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("state-partitions = 4", "state-partitions = 5")
+        .replace("path = \"out\"", "path = \"out_new\"");
+    std::fs::write(&p, text).unwrap();
+    let out = weir_testkit::run_weir(&crate::bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("query.state-partitions") && err.contains("4 partition"),
+        "{err}"
+    );
+    let claimed = std::fs::read_dir(dir.path().join("out_new"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(claimed, 0, "the refused query wrote into out_new");
+}

@@ -324,6 +324,24 @@ fn weir_check_refuses_stateful_settings_that_cannot_run() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(want), "{want}: {err}");
     }
+    for n in ["0", "1025"] {
+        let p = pipeline(
+            dir.path(),
+            "[transform]\ndrop-duplicates = [\"order_id\"]\n[[sink]]\ntype = \"parquet\"\npath = \"out\"\n",
+        );
+        let text = std::fs::read_to_string(&p).unwrap().replace(
+            "trigger = \"available-now\"\n",
+            &format!("trigger = \"available-now\"\nstate-partitions = {n}\n"),
+        );
+        std::fs::write(&p, text).unwrap();
+        let out = run_weir(&bin(), &["check", p.to_str().unwrap()], None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{n}: {err}");
+        assert!(
+            err.contains("query.state-partitions") && err.contains("1 to 1024"),
+            "{err}"
+        );
+    }
 }
 
 /// `weir check` plans the SQL over an empty batch of the source's declared columns, so a

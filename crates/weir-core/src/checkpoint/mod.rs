@@ -189,9 +189,9 @@ impl Checkpoint {
         root.create_dir().await?;
         let guard = CheckpointGuard::acquire(&root, lease).await?;
         let (metadata, created) = Self::read_or_create_metadata(&root, name).await?;
-        if !created {
-            remove_stale_temps(&root).await?;
-        }
+        // Also on a checkpoint just made: a kill while an earlier start made it can have
+        // left the temp of its `metadata`.
+        remove_stale_temps(&root).await?;
         Ok(Checkpoint {
             root,
             metadata,
@@ -516,13 +516,18 @@ impl Checkpoint {
 }
 
 /// Removes the temp files a crash left in the folders the checkpoint's holder writes: the
-/// logs (`offsets/N` or `commits/N` written to `.N.<uuid>.tmp` and never linked into place;
-/// a kill while the function ran leaves `commits/N`'s), the sources' logs (`sources/<i>`),
-/// and the state (`state/<operator>/_metadata` and every partition's folder). Only the
+/// folder itself (its `metadata`), the logs (`offsets/N` or `commits/N` written to
+/// `.N.<uuid>.tmp` and never linked into place; a kill while the function ran leaves
+/// `commits/N`'s), the sources' logs (`sources/<i>`), and the state (`state/<operator>/_metadata` and every partition's folder). Only the
 /// holder writes there, and the caller holds the checkpoint; only names of weir's temp
 /// files (`.<name>.<32 hex>.tmp`) are touched.
 async fn remove_stale_temps(root: &Location) -> Result<()> {
-    let mut dirs = vec![root.join("offsets"), root.join("commits")];
+    let mut dirs = vec![
+        root.clone(),
+        root.join("offsets"),
+        root.join("commits"),
+        root.join("state"),
+    ];
     // Temp files are a local write's (an object store's writes are single PUTs).
     if let Some(path) = root.local_path() {
         let path = path.to_path_buf();

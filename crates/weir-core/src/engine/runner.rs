@@ -39,7 +39,6 @@ use super::query::Shared;
 use super::report::{self, Range, Timing};
 use super::stateful::EventTime;
 use super::step::{Answer, Cursor, Position, Step, next_step, reads_ahead};
-use super::transform::Transform;
 use super::trigger::{Trigger, ms, next_tick, wait_until};
 use crate::checkpoint::{Checkpoint, CommitMetadata, OffsetSeq, OffsetSeqMetadata, StartPoint};
 use crate::error::{Error, Result, error_chain, join_text};
@@ -54,12 +53,11 @@ pub(crate) struct QuerySpec {
     pub start: StartPoint,
     pub source: Arc<dyn Source>,
     pub limit: ReadLimit,
-    pub transforms: Vec<Transform>,
+    /// The steps, opened on the checkpoint's state (taken by [`Runner::open`]).
+    pub steps: Option<Steps>,
     pub sink: Arc<dyn ForeachBatch>,
     pub trigger: Trigger,
     pub retain: u64,
-    /// `state-partitions` (`None`: what the state recorded, or the default).
-    pub state_partitions: Option<u32>,
     pub listeners: Vec<Arc<dyn QueryListener>>,
     pub behind: BehindDetector,
     pub ctx: SessionContext,
@@ -109,16 +107,11 @@ struct Ran {
 }
 
 impl Runner {
-    /// The loop for `spec`, its steps opened on the checkpoint's state.
+    /// The loop for `spec`.
     pub(crate) async fn open(mut spec: QuerySpec, shared: Arc<Shared>) -> Result<Runner> {
-        let transforms = std::mem::take(&mut spec.transforms);
-        let steps = Steps::open(
-            transforms,
-            &spec.checkpoint.state_root(),
-            spec.retain,
-            spec.state_partitions,
-        )
-        .await?;
+        let steps = spec.steps.take().ok_or_else(|| Error::Internal {
+            what: "a query started without its steps".into(),
+        })?;
         Ok(Runner {
             spec,
             shared,

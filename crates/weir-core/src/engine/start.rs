@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use datafusion::prelude::SessionContext;
 
+use super::batch::Steps;
 use super::cluster::Cluster;
 use super::progress::QueryTerminated;
 use super::progress::{BehindDetector, QueryListener};
@@ -95,6 +96,15 @@ pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
             PIN_TARGET_PARTITIONS.to_string(),
             ctx.state().config().target_partitions().to_string(),
         );
+        // The stateful steps check the checkpoint's state (operators, their columns, the
+        // number of partitions) before a sink or the source is touched.
+        let steps = Steps::open(
+            req.transforms,
+            &checkpoint.state_root(),
+            req.retain,
+            req.state_partitions,
+        )
+        .await?;
         // Sinks check where they write before anything runs.
         let identity = QueryIdentity::of(&checkpoint, &req.name);
         req.sink
@@ -107,21 +117,20 @@ pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
                 retain_batches: req.retain,
             })
             .await?;
-        Ok((start, ctx, conf))
+        Ok((start, ctx, conf, steps))
     })
     .await?;
-    let (start, ctx, conf) = opened;
+    let (start, ctx, conf, steps) = opened;
     let shared = Arc::new(Shared::new(checkpoint.query_id(), req.name));
     let spec = QuerySpec {
         checkpoint,
         start,
         source: req.source,
         limit: req.limit,
-        transforms: req.transforms,
+        steps: Some(steps),
         sink: req.sink,
         trigger: req.trigger,
         retain: req.retain,
-        state_partitions: req.state_partitions,
         listeners: req.listeners,
         behind: req.behind,
         ctx,

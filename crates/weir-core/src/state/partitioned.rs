@@ -141,11 +141,11 @@ impl PartitionedStore {
             .then_some(first)
     }
 
-    /// The newest version all partitions' files hold (0: none): a commit cut off between
-    /// partitions leaves some a version ahead, and that version is not the state's.
-    pub async fn newest_version(&mut self) -> Result<u64> {
-        let found = try_join_all(self.parts.iter_mut().map(StateStore::newest_version)).await?;
-        Ok(found.into_iter().min().unwrap_or(0))
+    /// The newest version each partition's files hold (0: none), in partition order: a
+    /// commit cut off between partitions leaves some a version ahead, and a partition far
+    /// behind the others lost files.
+    pub async fn newest_versions(&mut self) -> Result<Vec<u64>> {
+        try_join_all(self.parts.iter_mut().map(StateStore::newest_version)).await
     }
 
     /// Makes every partition hold `version` (see [`StateStore::load`]), reading them at once.

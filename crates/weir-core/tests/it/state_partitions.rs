@@ -272,3 +272,28 @@ async fn the_next_holder_removes_the_temp_files_a_kill_left() {
         assert_eq!(rows, &want[*id as usize], "batch {id}");
     }
 }
+
+/// A partition whose files are gone (the others hold the version the batch needs) is an
+/// error naming that partition's folder, and the run stops before calling the function.
+#[tokio::test]
+async fn a_partition_that_lost_its_files_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q, _) = start(dir.path(), Some(3), Some(2)).await.unwrap();
+    assert!(q.await_termination().await.is_err());
+    std::fs::remove_dir_all(dir.path().join("state/0/1")).unwrap();
+    let text = refused(dir.path(), None).await;
+    assert!(
+        text.contains("state partition 1") && text.contains("state/0/1"),
+        "{text}"
+    );
+    // The operator's metadata lost while its files are there: named too.
+    let dir = tempfile::tempdir().unwrap();
+    let (q, _) = start(dir.path(), Some(3), Some(2)).await.unwrap();
+    assert!(q.await_termination().await.is_err());
+    std::fs::remove_file(dir.path().join("state/0/_metadata/metadata")).unwrap();
+    let text = refused(dir.path(), None).await;
+    assert!(
+        text.contains("_metadata/metadata") && text.contains("lost a file"),
+        "{text}"
+    );
+}

@@ -126,6 +126,33 @@ async fn run(
     show: fn(&RecordBatch) -> Vec<String>,
     fail_at: Option<u64>,
 ) -> (StreamingQuery, Recorded) {
+    try_run(data, dir, build, show, fail_at).await.unwrap()
+}
+
+/// The error a query stops with before running a batch: at its start (the checkpoint's
+/// state is checked before a sink or the source is opened), or when it ends.
+async fn refused(
+    data: &[Vec<Row>],
+    dir: &std::path::Path,
+    build: impl Fn(weir_core::StreamingDataFrame) -> weir_core::StreamingDataFrame,
+) -> String {
+    match try_run(data, dir, build, show_rows_none, None).await {
+        Err(e) => weir_core::sink::error_chain(&e),
+        Ok((q, seen)) => {
+            let err = q.await_termination().await.unwrap_err();
+            assert!(seen.lock().unwrap().is_empty(), "no batch ran");
+            weir_core::sink::error_chain(&err)
+        }
+    }
+}
+
+async fn try_run(
+    data: &[Vec<Row>],
+    dir: &std::path::Path,
+    build: impl Fn(weir_core::StreamingDataFrame) -> weir_core::StreamingDataFrame,
+    show: fn(&RecordBatch) -> Vec<String>,
+    fail_at: Option<u64>,
+) -> weir_core::Result<(StreamingQuery, Recorded)> {
     let seen: Recorded = Arc::default();
     let s = seen.clone();
     let frame = WeirSession::new()
@@ -153,9 +180,8 @@ async fn run(
             }
         })
         .start()
-        .await
-        .unwrap();
-    (q, seen)
+        .await?;
+    Ok((q, seen))
 }
 
 fn show_agg(b: &RecordBatch) -> Vec<String> {
@@ -731,13 +757,11 @@ async fn removing_a_stateful_operator_from_a_checkpoint_is_refused() {
     )
     .await;
     q.await_termination().await.unwrap();
-    let (q, seen) = run(&data, dir.path(), |f| f, show_rows, None).await;
-    let err = weir_core::sink::error_chain(&q.await_termination().await.unwrap_err());
+    let err = refused(&data, dir.path(), |f| f).await;
     assert!(
         err.contains("stateful operator 0") && err.contains("cannot be removed"),
         "{err}"
     );
-    assert!(seen.lock().unwrap().is_empty(), "no batch ran");
 }
 
 /// `approx_count_distinct` keeps a sketch per group in the state: split over five batches
@@ -798,20 +822,14 @@ async fn an_operator_added_in_front_of_another_is_refused_at_start() {
     )
     .await;
     q.await_termination().await.unwrap();
-    let (q, seen) = run(
-        &data,
-        dir.path(),
-        move |f| f.drop_duplicates(["k"]).aggregate(agg()),
-        show_rows_none,
-        None,
-    )
+    let err = refused(&data, dir.path(), move |f| {
+        f.drop_duplicates(["k"]).aggregate(agg())
+    })
     .await;
-    let err = weir_core::sink::error_chain(&q.await_termination().await.unwrap_err());
     assert!(
         err.contains("written by stateStoreSave") && err.contains("this query has dedupe"),
         "{err}"
     );
-    assert!(seen.lock().unwrap().is_empty(), "no batch ran");
     assert!(
         !dir.path().join("offsets/2").exists(),
         "refused before planning batch 2"

@@ -261,8 +261,27 @@ impl OperatorState {
                 ),
             )),
             (Some(f), _) => check_partitions(PARTITIONS_KEY, f),
-            (None, Some(asked)) => check_partitions(PARTITIONS_KEY, asked),
-            (None, None) => Ok(DEFAULT_STATE_PARTITIONS),
+            (None, asked) => {
+                // No metadata while partition 0 has files: the metadata was lost, and the
+                // number of partitions with it.
+                let first = self.state_root.join(&format!("{}/0", self.operator));
+                if !first.list_names().await?.is_empty() {
+                    return Err(Error::CorruptState {
+                        path: self
+                            .state_root
+                            .describe(&format!("{}/_metadata/metadata", self.operator)),
+                        reason: format!(
+                            "it is missing, and the operator's state files are there ({first}): \
+                             the checkpoint lost a file; restore it, or start the query on a \
+                             new checkpoint"
+                        ),
+                    });
+                }
+                match asked {
+                    Some(asked) => check_partitions(PARTITIONS_KEY, asked),
+                    None => Ok(DEFAULT_STATE_PARTITIONS),
+                }
+            }
         }
     }
 
@@ -283,16 +302,32 @@ impl OperatorState {
             self.checked = true;
         }
         if self.store.version().is_none() {
-            let newest = self.store.newest_version().await?;
+            let versions = self.store.newest_versions().await?;
+            let newest = versions.iter().copied().min().unwrap_or(0);
+            let highest = versions.iter().copied().max().unwrap_or(0);
+            if newest < batch_id && highest >= batch_id {
+                // Other partitions hold the version this one lacks: its files are gone.
+                let p = versions.iter().position(|v| *v == newest).unwrap_or(0);
+                return Err(Error::CorruptState {
+                    path: self.state_root.describe(&format!("{}/{p}", self.operator)),
+                    reason: format!(
+                        "state partition {p} of stateful operator {} holds versions up to \
+                         {newest} and other partitions up to {highest}: batch {batch_id} \
+                         needs version {batch_id} of every partition, so files of this one \
+                         are missing; restore them, or start the query on a new checkpoint",
+                        self.operator
+                    ),
+                });
+            }
             if newest < batch_id {
                 return Err(Error::config(
                     key,
                     format!(
                         "the state of stateful operator {} stops at version {newest} (after \
                          batch {}), and this is batch {batch_id}: the query ran batches \
-                         without the operator, whose rows are not in the state; a stateful \
-                         operator cannot be removed and added back on the same checkpoint, \
-                         start the query on a new checkpoint",
+                         without the operator, whose rows are not in the state (or the state's \
+                         files were deleted); a stateful operator cannot be removed and added \
+                         back on the same checkpoint, start the query on a new checkpoint",
                         self.operator,
                         newest.saturating_sub(1),
                     ),
