@@ -800,6 +800,23 @@ async fn approx_count_distinct_sketches_merge_across_batches() {
     q.await_termination().await.unwrap();
     let last = seen.lock().unwrap().last().unwrap().1.clone();
     assert_eq!(last, whole);
+    // New state records Spark's sketch; state written before that file existed (none at
+    // batch 1 or later) keeps weir's earlier one, and is not given the file.
+    let sketch = dir.path().join("state/0/_metadata/sketch");
+    assert!(
+        std::fs::read_to_string(&sketch)
+            .unwrap()
+            .contains("spark-hll++")
+    );
+    let old = tempfile::tempdir().unwrap();
+    let (q, _) = run(&parts, old.path(), build, show, Some(1)).await;
+    assert!(q.await_termination().await.is_err());
+    std::fs::remove_file(old.path().join("state/0/_metadata/sketch")).unwrap();
+    // (Batch 0's registers are Spark's here, so the estimate, a union of two hashes, is
+    // not checked: a real earlier checkpoint has weir's earlier registers throughout.)
+    let (q, _) = run(&parts, old.path(), build, show, None).await;
+    q.await_termination().await.unwrap();
+    assert!(!old.path().join("state/0/_metadata/sketch").exists());
 }
 
 /// An operator added in front of one the checkpoint has state for is refused before any
@@ -838,4 +855,56 @@ async fn an_operator_added_in_front_of_another_is_refused_at_start() {
 
 fn show_rows_none(_b: &RecordBatch) -> Vec<String> {
     Vec::new()
+}
+
+/// `numRowsDroppedByWatermark` of an aggregation counts late (group, window) pairs, as
+/// PySpark 4.3.0 gave on this input (`withWatermark("ts", "10 seconds")`, a 10-second
+/// window count per `k`, update and append): the last batch's nine late rows fall in three
+/// (group, window) pairs (four rows of `a` in one window, split over two files in Spark's run, two
+/// of `b` in it, three of `a` in another), and Spark counted 3.
+#[tokio::test]
+async fn late_rows_of_an_aggregation_count_per_group_and_window_as_in_spark() {
+    let base = BASE_MS / 3_600_000 * 3_600_000;
+    let r = |k: &str, s: i64| (Some(k.to_string()), Some(1), Some(base + s * 1000));
+    // Spark ran a batch without data between the two (its watermark moved): here a batch of
+    // one row on time takes its place, so the third batch is late against 00:04:51 too.
+    let data = vec![
+        vec![r("a", 300), r("b", 301)],
+        vec![r("d", 302)],
+        vec![
+            r("a", 61),
+            r("a", 62),
+            r("b", 63),
+            r("b", 64),
+            r("a", 121),
+            r("a", 122),
+            r("a", 123),
+            r("c", 400),
+            r("a", 65),
+            r("a", 66),
+        ],
+    ];
+    for mode in [OutputMode::Update, OutputMode::Append] {
+        let dir = tempfile::tempdir().unwrap();
+        let agg = move |f: weir_core::StreamingDataFrame| {
+            f.with_watermark("ts", Duration::from_secs(10)).aggregate(
+                Aggregation::new(["count(*)"])
+                    .group_by(["k"])
+                    .window("ts", Duration::from_secs(10))
+                    .output_mode(mode),
+            )
+        };
+        let (q, _) = run(&data, dir.path(), agg, show_rows_none, None).await;
+        q.await_termination().await.unwrap();
+        let dropped: Vec<u64> = q
+            .recent_progress()
+            .iter()
+            .map(|p| {
+                p.state_operators[0]["numRowsDroppedByWatermark"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(dropped[..3], [0, 0, 3], "{mode:?}: {dropped:?}");
+    }
 }

@@ -14,8 +14,9 @@
 //! - `complete`: every group, every batch; nothing leaves the state.
 //!
 //! With a watermark on the window's column, a row is not counted in a window that ends at
-//! or below the previous batch's watermark (`numRowsDroppedByWatermark`); without a window,
-//! a row at or below it is dropped. Output columns: the group columns, then
+//! or below the previous batch's watermark; without a window, a row at or below it is
+//! dropped. `numRowsDroppedByWatermark` counts the late (group, window) pairs, as Spark
+//! does (it drops late rows after its partial aggregation). Output columns: the group columns, then
 //! `window_start` and `window_end` (timestamps in microseconds) when there is a window,
 //! then one column per aggregate, named by its alias.
 
@@ -30,6 +31,7 @@ use datafusion::logical_expr::{Expr, cast, lit};
 use datafusion::scalar::ScalarValue;
 
 mod hll;
+mod hll_tables;
 mod operator;
 
 pub(crate) use operator::Aggregate;
@@ -537,7 +539,7 @@ mod tests {
     use datafusion::arrow::datatypes::Field;
     use datafusion::arrow::record_batch::RecordBatch;
 
-    use super::hll::{SlotSource, hll_estimate, sketch_rows};
+    use super::hll::{Sketch, SlotSource, hll_estimate, sketch_rows};
     use super::*;
 
     #[test]
@@ -582,12 +584,12 @@ mod tests {
             let b =
                 RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(values))])
                     .unwrap();
-            let mut m = sketch_rows(&b, 0, false, &[SlotSource::Sketch(0)]);
+            let mut m = sketch_rows(&b, 0, false, &[SlotSource::Sketch(0)], Sketch::Spark);
             m.remove(&Vec::new()).unwrap().remove(0)
         };
-        assert_eq!(hll_estimate(&sketch(0..3)), 3);
+        assert_eq!(hll_estimate(&sketch(0..3), Sketch::Spark), 3);
         let all = sketch(0..20_000);
-        let est = hll_estimate(&all) as f64;
+        let est = hll_estimate(&all, Sketch::Spark) as f64;
         assert!((est - 20_000.0).abs() < 20_000.0 * 0.15, "{est}");
         let merged = merge(
             Slot::Hll,
