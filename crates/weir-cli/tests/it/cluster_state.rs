@@ -88,6 +88,29 @@ async fn a_dedupe_on_a_cluster_passes_each_key_once_through_a_worker_kill() {
     assert!(per_key.values().all(|n| *n == 1));
     assert_eq!(per_key.keys().copied().collect::<BTreeSet<_>>(), keys);
 
+    // Another run on the same input, without kills, passes the very same rows: the
+    // workers' rows are put in a fixed order before the state sees them.
+    // (The same files written in the same order: the source takes them by time, then name.)
+    let again = temp_dir();
+    gen_orders(&again.path().join("in"), 30, 2000, 20_000);
+    let p2 = stateful_pipeline(
+        again.path(),
+        &refs(&ws),
+        "[transform]\ndrop-duplicates = [\"order_id\"]\n",
+        3,
+    );
+    run_to_end(&p2, &again.path().join("progress.jsonl"));
+    let second = parquet_rows(&again.path().join("out"), &COLS).await;
+    let differ: Vec<(&String, &String)> = got.iter().zip(&second).filter(|(a, b)| a != b).collect();
+    assert!(
+        second.len() == got.len() && differ.is_empty(),
+        "two runs pass the same row of each key: {} and {} rows, {} differ, e.g. {:?}",
+        got.len(),
+        second.len(),
+        differ.len(),
+        &differ[..differ.len().min(3)]
+    );
+
     let reports = progress_reports(&progress);
     let read: u64 = reports
         .iter()
@@ -174,4 +197,34 @@ async fn a_query_refused_for_its_state_partitions_touches_no_sink() {
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(claimed, 0, "the refused query wrote into out_new");
+}
+
+/// A malformed record read on a worker is the file's: the batch fails at once, naming it,
+/// instead of running again on the other workers.
+#[tokio::test]
+async fn a_malformed_record_on_a_worker_fails_the_batch_without_retries() {
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 4, 100, 50);
+    std::fs::write(
+        input.join("orders-00002.json"),
+        "{\"order_id\": 1, \"status\": \"new\", \"amount\": NaN}\n",
+    )
+    .unwrap();
+    let p = stateful_pipeline(
+        dir.path(),
+        &refs(&ws),
+        "[transform]\ndrop-duplicates = [\"order_id\"]\n",
+        4,
+    );
+    let out = weir_testkit::run_weir(&crate::bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("orders-00002.json"), "{err}");
+    assert!(err.contains("attempt 1 of 4"), "{err}");
+    assert!(
+        !err.contains("attempt 2"),
+        "a data error is not retried: {err}"
+    );
 }

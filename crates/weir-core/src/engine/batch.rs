@@ -141,6 +141,40 @@ async fn partitions_of(table: &MemTable) -> Vec<Vec<RecordBatch>> {
     parts
 }
 
+/// The workers' rows come back in an order that depends on how the tasks ran (which
+/// worker, how many, how their streams interleaved); the stateful steps get them sorted by
+/// every column that has an order (ascending, NULLs first), so every run and every retry of
+/// a batch passes the same row of a key and keeps the same event time in the state.
+fn in_fixed_order(df: DataFrame) -> Result<DataFrame> {
+    use datafusion::arrow::datatypes::DataType;
+    let orderable = |t: &DataType| {
+        t.is_primitive()
+            || matches!(
+                t,
+                DataType::Boolean
+                    | DataType::Utf8
+                    | DataType::LargeUtf8
+                    | DataType::Utf8View
+                    | DataType::Binary
+                    | DataType::LargeBinary
+                    | DataType::BinaryView
+                    | DataType::FixedSizeBinary(_)
+            )
+    };
+    let by: Vec<datafusion::logical_expr::SortExpr> = df
+        .schema()
+        .fields()
+        .iter()
+        .filter(|f| orderable(f.data_type()))
+        .map(|f| datafusion::prelude::ident(f.name()).sort(true, true))
+        .collect();
+    if by.is_empty() {
+        return Ok(df);
+    }
+    df.sort(by)
+        .map_err(|e| Error::datafusion("ordering the cluster's rows", e))
+}
+
 /// What [`Steps::apply`] gives: the function's input, the batch's event times, and on a
 /// cluster, when the plan ran there already (the query has a stateful step), the input rows
 /// read and what each worker did.
@@ -261,7 +295,7 @@ impl Steps {
             let keeps_state = !matches!(t, Transform::Fn(_) | Transform::Sql(_));
             if let (true, Some(c), true) = (keeps_state, cluster, on_cluster.is_none()) {
                 let (held, read, workers) = run_and_hold(c, ctx, df, batch_id).await?;
-                df = held;
+                df = in_fixed_order(held)?;
                 on_cluster = Some((read, workers));
             }
             df = match t {

@@ -184,8 +184,13 @@ impl WorkerScan for RecordedFilesExec {
     }
 }
 
+/// A task's error; a malformed record is the file's, so the batch is not run again on
+/// other workers (it would fail the same way).
 fn external(e: Error) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
+    match e {
+        Error::MalformedInput { .. } => crate::sink::task_data_error(e),
+        e => DataFusionError::External(Box::new(e)),
+    }
 }
 
 impl DisplayAs for RecordedFilesExec {
