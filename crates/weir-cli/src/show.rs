@@ -40,6 +40,22 @@ async fn show_into(at: &str, out: &mut String) -> Result<()> {
         ),
         _ => say!("batches    none yet"),
     }
+    // The stateful operators' state: what wrote it, in how many partitions.
+    let state = cp.state_root();
+    for op in 0u32.. {
+        let Some(meta) = weir_core::state::OperatorMetadata::read(&state, op).await? else {
+            break;
+        };
+        let parts = meta
+            .state_store_info
+            .first()
+            .map_or(0, |s| s.num_partitions);
+        say!(
+            "state      operator {op}: {}, {parts} partition(s) (state/{op}/0..{})",
+            meta.operator_info.operator_name,
+            parts.saturating_sub(1)
+        );
+    }
     match cp.recover().await {
         Ok(StartPoint::Fresh) => say!("next start fresh: batch 0"),
         Ok(StartPoint::Next { batch_id, .. }) => say!("next start new batch {batch_id}"),

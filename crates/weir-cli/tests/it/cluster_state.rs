@@ -181,6 +181,17 @@ async fn a_query_refused_for_its_state_partitions_touches_no_sink() {
         2,
     );
     run_to_end(&p, &dir.path().join("p1.jsonl"));
+    let chk = dir.path().join("chk");
+    let shown = weir_testkit::run_weir(
+        &crate::bin(),
+        &["checkpoint", "show", chk.to_str().unwrap()],
+        None,
+    );
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("operator 0: dedupe, 4 partition(s)"),
+        "{shown}"
+    );
     let text = std::fs::read_to_string(&p)
         .unwrap()
         .replace("state-partitions = 4", "state-partitions = 5")
