@@ -226,7 +226,7 @@ impl Steps {
             }
         }
         check_no_operator_removed(state_root, stateful.len()).await?;
-        for (i, op) in stateful.iter().enumerate() {
+        for (i, op) in stateful.iter_mut().enumerate() {
             op.check_place(i as u32, state_root).await?;
         }
         let evicts_by_watermark = watermark.is_some() && stateful.iter().any(Operator::evicts);

@@ -46,12 +46,13 @@ use crate::error::{Error, Result};
 use crate::state::partitioned::check_partitions;
 use crate::state::{OperatorMetadata, PartitionedStore, StateConf, partition_of, write_line_once};
 
-/// Rows of a record batch from which a deduplication looks keys up on several threads (one
-/// per group of partitions); fewer are not worth the threads.
-const PARALLEL_ROWS: usize = 16 * 1024;
 use crate::storage::Location;
 
 use keys::{encode_value, family};
+
+/// Rows of a record batch (or keys in the state, for evictions) from which a deduplication
+/// works on several threads, one per group of partitions; fewer are not worth the threads.
+const PARALLEL_ROWS: usize = 16 * 1024;
 
 /// A stateful operator of a query.
 pub(crate) enum Operator {
@@ -143,11 +144,16 @@ impl Operator {
     }
 }
 
-/// Refuses operator `operator` named `name` where the checkpoint's state was written by
-/// another operator (one added before it, or a different one in its place), without
-/// writing anything.
-async fn check_operator_name(state_root: &Location, operator: u32, name: &str) -> Result<()> {
-    match OperatorMetadata::read(state_root, operator).await? {
+/// Refuses operator `operator` named `name` where the checkpoint's state (its metadata,
+/// `found`) was written by another operator (one added before it, or a different one in
+/// its place), without writing anything.
+fn check_operator_name(
+    found: Option<&OperatorMetadata>,
+    state_root: &Location,
+    operator: u32,
+    name: &str,
+) -> Result<()> {
+    match found {
         Some(found) if found.operator_info.operator_name != name => Err(Error::Config {
             key: "state".into(),
             reason: format!(
@@ -165,15 +171,22 @@ async fn check_operator_name(state_root: &Location, operator: u32, name: &str) -
 
 impl Operator {
     /// Checks, before the query starts, that the checkpoint's state for this operator's
-    /// place was written by the same kind of operator.
-    /// Also refuses a `state-partitions` other than the one the state was written with.
-    pub(crate) async fn check_place(&self, index: u32, state_root: &Location) -> Result<()> {
+    /// place was written by the same kind of operator, in the number of partitions the
+    /// query asks for, and makes the operator's store with the number the state has.
+    pub(crate) async fn check_place(&mut self, index: u32, state_root: &Location) -> Result<()> {
         let (name, op) = match self {
-            Operator::Dedupe(d) => (d.mode.name(), &d.op),
-            Operator::Aggregate(a) => (aggregate::OPERATOR_NAME, &a.op),
+            Operator::Dedupe(d) => (d.mode.name(), &mut d.op),
+            Operator::Aggregate(a) => (aggregate::OPERATOR_NAME, &mut a.op),
         };
-        check_operator_name(state_root, index, name).await?;
-        op.resolve_partitions().await.map(|_| ())
+        let found = OperatorMetadata::read(state_root, index).await?;
+        check_operator_name(found.as_ref(), state_root, index, name)?;
+        let partitions = op.resolve_partitions(found.as_ref()).await?;
+        op.store = PartitionedStore::new(
+            &state_root.join(&index.to_string()),
+            partitions,
+            op.settings.conf,
+        );
+        Ok(())
     }
 }
 
@@ -230,6 +243,7 @@ impl OperatorState {
             operator: index,
             state_root: state_root.clone(),
             settings,
+            // Made again by `Operator::check_place` with the partitions the state has.
             store: PartitionedStore::new(&dir, 1, settings.conf),
             checked: false,
         }
@@ -240,12 +254,11 @@ impl OperatorState {
         self.state_root.describe(&self.operator.to_string())
     }
 
-    /// The number of partitions the state has: what its metadata recorded, else the
-    /// setting, else the default; a setting that differs from what was recorded is refused.
-    async fn resolve_partitions(&self) -> Result<u32> {
-        let found = OperatorMetadata::read(&self.state_root, self.operator)
-            .await?
-            .and_then(|m| m.state_store_info.first().map(|s| s.num_partitions));
+    /// The number of partitions the state has: what its metadata (`found`) recorded, else
+    /// the setting, else the default; a setting that differs from what was recorded is
+    /// refused.
+    async fn resolve_partitions(&self, found: Option<&OperatorMetadata>) -> Result<u32> {
+        let found = found.and_then(|m| m.state_store_info.first().map(|s| s.num_partitions));
         match (found, self.settings.partitions) {
             (Some(f), Some(asked)) if f != asked => Err(Error::config(
                 PARTITIONS_KEY,
@@ -338,7 +351,7 @@ impl OperatorState {
     }
 
     async fn check_metadata(
-        &mut self,
+        &self,
         batch_id: u64,
         name: &str,
         file: &str,
@@ -360,15 +373,9 @@ impl OperatorState {
                 ),
             ));
         }
-        let partitions = self.resolve_partitions().await?;
-        OperatorMetadata::new(self.operator, name, partitions)
+        OperatorMetadata::new(self.operator, name, self.store.partitions())
             .ensure(&self.state_root)
             .await?;
-        self.store = PartitionedStore::new(
-            &self.state_root.join(&self.operator.to_string()),
-            partitions,
-            self.settings.conf,
-        );
         if let Some(found) = write_line_once(&meta_dir, file, description.clone()).await?
             && found != description
         {
@@ -557,7 +564,8 @@ impl Dedupe {
             // Evict what the batch's watermark passed (the time, or the expiry, kept with
             // the key; keys kept without a time stay), each partition by itself.
             let started = Instant::now();
-            let removed = self.op.store.each_part(true, |_, store| {
+            let many = self.op.store.len() >= PARALLEL_ROWS;
+            let removed = self.op.store.each_part(many, |_, store| {
                 let gone: Vec<Vec<u8>> = store
                     .iter()
                     .filter(|(_, v)| {
