@@ -474,7 +474,7 @@ pub(crate) async fn write_line_once(
 }
 
 /// The line a file written by [`write_line_once`] holds, if there is one.
-async fn read_line(dir: &Location, name: &str) -> Result<Option<String>> {
+pub(crate) async fn read_line(dir: &Location, name: &str) -> Result<Option<String>> {
     let Some(found) = dir.get(name).await? else {
         return Ok(None);
     };

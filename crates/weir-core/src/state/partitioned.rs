@@ -31,17 +31,21 @@ pub fn partition_of(key: &[u8], partitions: u32) -> usize {
     if partitions <= 1 {
         return 0;
     }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let mut h = fnv1a(key);
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
     h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     h ^= h >> 33;
     (h % u64::from(partitions)) as usize
+}
+
+/// FNV-1a (64 bits) of `bytes`: the first step of weir's hashes kept in the checkpoint
+/// (a key's partition, the earlier sketches' registers).
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Checks a `state-partitions` setting: at least 1, at most [`MAX_PARTITIONS`].
@@ -77,12 +81,6 @@ impl PartitionedStore {
     /// The number of partitions.
     pub fn partitions(&self) -> u32 {
         self.parts.len() as u32
-    }
-
-    /// The partitions, for work that runs on each one by itself (one thread per group of
-    /// partitions): the partition of a key is [`partition_of`] its bytes.
-    pub fn parts_mut(&mut self) -> &mut [StateStore] {
-        &mut self.parts
     }
 
     /// Runs `work` on every partition (its index and store), on up to as many threads as

@@ -32,7 +32,7 @@ use crate::engine::stateful::{
     OperatorMetrics, OperatorState, collect_in_order, columns_json, frame,
 };
 use crate::error::{Error, Result};
-use crate::state::write_line_once;
+use crate::state::{read_line, write_line_once};
 
 /// One aggregation of a query.
 pub(crate) struct Aggregate {
@@ -200,13 +200,8 @@ impl Aggregate {
             .op
             .state_root
             .join(&format!("{}/_metadata", self.op.operator));
-        let found = match dir.get("sketch").await? {
-            Some(bytes) => {
-                crate::logfile::parse_versioned(&bytes, &dir.describe("sketch"), 1, "sketch")?
-                    .into_iter()
-                    .next()
-                    .unwrap_or_default()
-            }
+        let found = match read_line(&dir, "sketch").await? {
+            Some(line) => line,
             // New state: written with Spark's sketch (a file another start wrote meanwhile
             // is what it holds).
             None if batch_id == 0 => write_line_once(&dir, "sketch", SPARK_SKETCH.into())
