@@ -518,64 +518,74 @@ impl Checkpoint {
 /// Removes the temp files a crash left in the folders the checkpoint's holder writes: the
 /// folder itself (its `metadata`), the logs (`offsets/N` or `commits/N` written to
 /// `.N.<uuid>.tmp` and never linked into place; a kill while the function ran leaves
-/// `commits/N`'s), the sources' logs (`sources/<i>`), and the state (`state/<operator>/_metadata` and every partition's folder). Only the
-/// holder writes there, and the caller holds the checkpoint; only names of weir's temp
-/// files (`.<name>.<32 hex>.tmp`) are touched.
+/// `commits/N`'s), the sources' logs (`sources/<i>`), and the state
+/// (`state/<operator>/_metadata` and every partition's folder). Only the holder writes
+/// there, and the caller holds the checkpoint; only names of weir's temp files
+/// (`.<name>.<32 hex>.tmp`) are touched. Temp files are a local write's (an object store's
+/// writes are single PUTs), so only a local checkpoint is looked through.
 async fn remove_stale_temps(root: &Location) -> Result<()> {
-    let mut dirs = vec![
-        root.clone(),
-        root.join("offsets"),
-        root.join("commits"),
-        root.join("state"),
-    ];
-    // Temp files are a local write's (an object store's writes are single PUTs).
-    if let Some(path) = root.local_path() {
-        let path = path.to_path_buf();
-        let found = tokio::task::spawn_blocking(move || {
-            let mut found = Vec::new();
-            for (parent, depth) in [("sources", 1), ("state", 2)] {
-                let mut level = vec![parent.to_string()];
-                for _ in 0..depth {
-                    let mut next = Vec::new();
-                    for rel in &level {
-                        let Ok(entries) = std::fs::read_dir(path.join(rel)) else {
-                            continue;
-                        };
-                        for e in entries.flatten() {
-                            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                                next.push(format!("{rel}/{}", e.file_name().to_string_lossy()));
-                            }
-                        }
-                    }
-                    found.extend(next.iter().cloned());
-                    level = next;
-                }
-            }
-            found
-        })
+    let Some(path) = root.local_path().map(std::path::Path::to_path_buf) else {
+        return Ok(());
+    };
+    // The checkpoint's folders go 3 deep: state/<operator>/<partition>.
+    let found = tokio::task::spawn_blocking(move || temps_under(&path, 3))
         .await
         .map_err(|e| Error::Internal {
             what: format!("listing the checkpoint's folders: {e}"),
-        })?;
-        dirs.extend(found.iter().map(|rel| root.join(rel)));
-    }
-    for dir in dirs {
-        let doomed: Vec<String> = dir
-            .list_names()
-            .await?
-            .into_iter()
-            .filter(|n| crate::storage::temp_target(n).is_some())
-            .collect();
-        if !doomed.is_empty() {
-            tracing::info!(
-                "removing {} temp file(s) a crash left in {dir}: {}",
-                doomed.len(),
-                doomed.join(", ")
-            );
-            dir.delete_many(doomed).await?;
-        }
+        })??;
+    for (rel, doomed) in found {
+        let dir = if rel.is_empty() {
+            root.clone()
+        } else {
+            root.join(&rel)
+        };
+        tracing::info!(
+            "removing {} temp file(s) a crash left in {dir}: {}",
+            doomed.len(),
+            doomed.join(", ")
+        );
+        dir.delete_many(doomed).await?;
     }
     Ok(())
+}
+
+/// weir's temp files in `dir` and in its folders down to `depth` levels, by folder (its
+/// path relative to `dir`), each folder read once.
+fn temps_under(dir: &std::path::Path, depth: usize) -> Result<Vec<(String, Vec<String>)>> {
+    let mut out = Vec::new();
+    let mut level = vec![String::new()];
+    for d in 0..=depth {
+        let mut next = Vec::new();
+        for rel in &level {
+            let at = dir.join(rel);
+            let entries = match std::fs::read_dir(&at) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io("listing", at, e)),
+            };
+            let mut temps = Vec::new();
+            for e in entries {
+                let e = e.map_err(|err| Error::io("listing", &at, err))?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    if d < depth {
+                        next.push(if rel.is_empty() {
+                            name
+                        } else {
+                            format!("{rel}/{name}")
+                        });
+                    }
+                } else if crate::storage::temp_target(&name).is_some() {
+                    temps.push(name);
+                }
+            }
+            if !temps.is_empty() {
+                out.push((rel.clone(), temps));
+            }
+        }
+        level = next;
+    }
+    Ok(out)
 }
 
 /// True when the pinned settings of a batch are Spark's (the batch was planned by Spark).
