@@ -166,6 +166,35 @@ pub(crate) fn run_killing_a_worker(
     stderr
 }
 
+/// Runs `p` to the end with progress in `progress`, SIGKILLing `ws[index]` once 2 batches
+/// have landed and starting it again on its port (no token); checks that the run made
+/// batches `0..batches`. Returns the driver's stderr.
+pub(crate) fn run_through_a_worker_kill(
+    p: &Path,
+    progress: &Path,
+    ws: &mut [Worker],
+    index: usize,
+    batches: u64,
+) -> String {
+    let stderr = run_killing_a_worker(
+        p,
+        progress,
+        &[],
+        Some(WorkerKill {
+            workers: ws,
+            index,
+            after: 2,
+            restart: &|a| Worker::start(a, None),
+        }),
+    );
+    assert_eq!(
+        progress_batches(progress),
+        (0..batches).collect::<Vec<u64>>(),
+        "{stderr}"
+    );
+    stderr
+}
+
 /// Every progress report of a run, in order.
 pub(crate) fn progress_reports(progress: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(progress)
@@ -820,22 +849,7 @@ async fn a_worker_killed_mid_run_on_kafka_loses_and_repeats_no_record() {
         "max-batch-attempts = 4",
     );
     let progress = dir.path().join("progress.jsonl");
-    let stderr = run_killing_a_worker(
-        &p,
-        &progress,
-        &[],
-        Some(WorkerKill {
-            workers: &mut ws,
-            index: 2,
-            after: 2,
-            restart: &|a| Worker::start(a, None),
-        }),
-    );
-    assert_eq!(
-        progress_batches(&progress),
-        (0..15).collect::<Vec<u64>>(),
-        "{stderr}"
-    );
+    let stderr = run_through_a_worker_kill(&p, &progress, &mut ws, 2, 15);
     let got = parquet_rows(&dir.path().join("out"), &["order_id", "status"]).await;
     assert_eq!(got.len(), 4500, "{stderr}");
     assert_eq!(got, sent, "every record exactly once");

@@ -9,7 +9,8 @@ use weir_core::fault::BEFORE_COMMIT_WRITE;
 use weir_testkit::{rows, temp_dir};
 
 use crate::cluster::{
-    COLS, Worker, WorkerKill, cluster_pipeline, refs, run_killing_a_worker, s3_cluster_pipeline,
+    COLS, Worker, cluster_pipeline, refs, run_killing_a_worker, run_through_a_worker_kill,
+    s3_cluster_pipeline,
 };
 use crate::kills::killed_in_batch_2_then_rerun;
 use crate::{gen_orders, gen_orders_from, input_rows, last_progress, progress_batches};
@@ -86,22 +87,7 @@ async fn delta_files_written_by_workers_commit_once_per_batch_through_a_worker_k
         "",
     );
     let progress = dir.path().join("progress.jsonl");
-    let stderr = run_killing_a_worker(
-        &p,
-        &progress,
-        &[],
-        Some(WorkerKill {
-            workers: &mut ws,
-            index: 2,
-            after: 2,
-            restart: &|a| Worker::start(a, None),
-        }),
-    );
-    assert_eq!(
-        progress_batches(&progress),
-        (0..10).collect::<Vec<u64>>(),
-        "{stderr}"
-    );
+    let stderr = run_through_a_worker_kill(&p, &progress, &mut ws, 2, 10);
     assert!(!stderr.contains("written on the driver"), "{stderr}");
     let table = dir.path().join(name);
     assert_eq!(

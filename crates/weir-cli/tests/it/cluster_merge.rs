@@ -9,11 +9,11 @@ use weir_core::fault::BEFORE_COMMIT_WRITE;
 use weir_testkit::{rows, temp_dir};
 
 use crate::cluster::{
-    Worker, WorkerKill, cluster_pipeline, progress_reports, refs, run_killing_a_worker, tasks_of,
+    Worker, cluster_pipeline, progress_reports, refs, run_killing_a_worker,
+    run_through_a_worker_kill, tasks_of,
 };
 use crate::cluster_pg::{gen_odd_orders, newest_per_key, null_keys_counted, same_form};
 use crate::kills::killed_in_batch_2_then_rerun;
-use crate::progress_batches;
 
 /// `cluster_pipeline` with a MERGE into the Delta table `delta` by `order_id`, newest
 /// `updated_at`, with `options`; without its `[cluster]` table when `cluster` is false.
@@ -77,22 +77,7 @@ async fn a_merge_fed_by_the_workers_equals_one_process_through_a_worker_kill() {
     gen_odd_orders(&input, 30, 1000, 400);
     let p = merge_pipeline(dir.path(), &refs(&ws), 3, "", true);
     let progress = dir.path().join("progress.jsonl");
-    let stderr = run_killing_a_worker(
-        &p,
-        &progress,
-        &[],
-        Some(WorkerKill {
-            workers: &mut ws,
-            index: 2,
-            after: 2,
-            restart: &|a| Worker::start(a, None),
-        }),
-    );
-    assert_eq!(
-        progress_batches(&progress),
-        (0..10).collect::<Vec<u64>>(),
-        "{stderr}"
-    );
+    run_through_a_worker_kill(&p, &progress, &mut ws, 2, 10);
     let table = dir.path().join("delta");
     assert_eq!(
         table_rows(&table, &ALL[..3]).await,

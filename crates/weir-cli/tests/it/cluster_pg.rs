@@ -10,10 +10,11 @@ use weir_core::fault::BEFORE_COMMIT_WRITE;
 use weir_testkit::{pg_rows, rows, run_weir, temp_dir};
 
 use crate::cluster::{
-    Worker, WorkerKill, cluster_pipeline, progress_reports, refs, run_killing_a_worker, tasks_of,
+    Worker, cluster_pipeline, progress_reports, refs, run_killing_a_worker,
+    run_through_a_worker_kill, tasks_of,
 };
 use crate::kills::killed_in_batch_2_then_rerun;
-use crate::{bin, last_progress, progress_batches, weir_cli_schema};
+use crate::{bin, last_progress, weir_cli_schema};
 
 /// `files` order files of `rows` rows over `keys` keys, with ties on the timestamp and
 /// NULL statuses and amounts (`weir gen --odd`).
@@ -185,22 +186,7 @@ async fn an_upsert_staged_by_workers_equals_one_process_through_a_worker_kill() 
     let table = "cluster_pg_kill";
     let p = pg_pipeline(dir.path(), &refs(&ws), 3, table, "", true);
     let progress = dir.path().join("progress.jsonl");
-    let stderr = run_killing_a_worker(
-        &p,
-        &progress,
-        &[],
-        Some(WorkerKill {
-            workers: &mut ws,
-            index: 2,
-            after: 2,
-            restart: &|a| Worker::start(a, None),
-        }),
-    );
-    assert_eq!(
-        progress_batches(&progress),
-        (0..10).collect::<Vec<u64>>(),
-        "{stderr}"
-    );
+    run_through_a_worker_kill(&p, &progress, &mut ws, 2, 10);
     assert_eq!(
         key_rows(table).await,
         newest_per_key(&input, None).await,

@@ -9,9 +9,7 @@ use std::path::Path;
 use weir_core::fault::{AFTER_STATE_COMMIT, AFTER_USER_FN, BEFORE_STATE_COMMIT};
 use weir_testkit::{parquet_rows, temp_dir};
 
-use crate::cluster::{
-    COLS, Worker, WorkerKill, progress_reports, refs, run_killing_a_worker, tasks_of,
-};
+use crate::cluster::{COLS, Worker, progress_reports, refs, run_through_a_worker_kill, tasks_of};
 use crate::kills::killed_in_batch_2_then_rerun;
 use crate::{gen_orders, input_rows, pipeline_with, progress_batches, run_to_end};
 
@@ -58,22 +56,7 @@ async fn a_dedupe_on_a_cluster_passes_each_key_once_through_a_worker_kill() {
         3,
     );
     let progress = dir.path().join("progress.jsonl");
-    let stderr = run_killing_a_worker(
-        &p,
-        &progress,
-        &[],
-        Some(WorkerKill {
-            workers: &mut ws,
-            index: 1,
-            after: 2,
-            restart: &|a| Worker::start(a, None),
-        }),
-    );
-    assert_eq!(
-        progress_batches(&progress),
-        (0..10).collect::<Vec<u64>>(),
-        "{stderr}"
-    );
+    run_through_a_worker_kill(&p, &progress, &mut ws, 1, 10);
 
     let all = input_rows(&input).await;
     let inputs: BTreeSet<&str> = all.iter().map(String::as_str).collect();
