@@ -325,11 +325,16 @@ impl ExecutionPlan for KafkaRangeExec {
         let projection = self.scan.projection.clone();
         let tx = builder.tx();
         builder.spawn_blocking(move || {
+            // A malformed value is the topic's: the batch is not run again on other
+            // workers (it would fail the same way).
             let failed = |e| {
-                DataFusionError::Context(
-                    what.clone(),
-                    Box::new(DataFusionError::External(Box::new(e))),
-                )
+                let e = match e {
+                    e @ crate::error::KafkaSourceError::Malformed { .. } => {
+                        weir_core::sink::task_data_error(e)
+                    }
+                    e => DataFusionError::External(Box::new(e)),
+                };
+                DataFusionError::Context(what.clone(), Box::new(e))
             };
             let consumer = client::consumer(&opts).map_err(failed)?;
             // One range at a time: a range's records are sent before the next is fetched,

@@ -755,7 +755,7 @@ async fn workers_that_cannot_take_the_plan_are_refused_before_batch_0_naming_the
 
 /// A Kafka pipeline on `workers`: JSON orders of `topic`, `per_batch` records a batch, into
 /// Parquet.
-fn kafka_cluster_pipeline(
+pub(crate) fn kafka_cluster_pipeline(
     dir: &Path,
     topic: &str,
     per_batch: u64,

@@ -222,3 +222,48 @@ async fn a_malformed_record_on_a_worker_fails_the_batch_without_retries() {
         "a data error is not retried: {err}"
     );
 }
+
+/// The same for a malformed Kafka value read on a worker: it is the topic's, and the batch
+/// fails at its first attempt naming the topic, partition and offset.
+#[tokio::test]
+async fn a_malformed_kafka_value_on_a_worker_fails_the_batch_without_retries() {
+    use weir_kafka::rdkafka::ClientConfig;
+    use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    let ws = Worker::three(None);
+    let dir = temp_dir();
+    let topic = "cluster_malformed";
+    crate::kills::kafka_topic_with_orders(topic, 50).await;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &weir_testkit::kafka().bootstrap)
+        .create()
+        .unwrap();
+    producer
+        .send(
+            FutureRecord::<(), _>::to(topic)
+                .partition(1)
+                .payload("{not json"),
+            std::time::Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let p = crate::cluster::kafka_cluster_pipeline(
+        dir.path(),
+        topic,
+        1000,
+        &refs(&ws),
+        "max-batch-attempts = 4",
+    );
+    let out = weir_testkit::run_weir(&crate::bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("malformed record in topic cluster_malformed partition 1 at offset 50"),
+        "{err}"
+    );
+    assert!(err.contains("attempt 1 of 4"), "{err}");
+    assert!(
+        !err.contains("attempt 2"),
+        "a data error is not retried: {err}"
+    );
+}
