@@ -344,3 +344,19 @@ impl std::fmt::Display for RecoveryError {
         }
     }
 }
+
+/// What ends the text of a task's error that running the task again would repeat (a value
+/// the sink cannot take, a table of another shape, a malformed record of a source): the cluster does not run such a batch
+/// again on other workers, it fails at once.
+const NOT_RETRIED: &str =
+    " (a property of the batch's rows: running it again would fail the same way)";
+
+/// A task's error that running it again would repeat ([`NOT_RETRIED`]).
+pub fn task_data_error(e: impl std::error::Error + 'static) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::Execution(format!("{}{NOT_RETRIED}", error_chain(&e)))
+}
+
+/// Whether `e` came from [`task_data_error`].
+pub fn is_data_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    error_chain(e).contains(NOT_RETRIED)
+}

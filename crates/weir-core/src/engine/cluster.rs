@@ -148,7 +148,7 @@ pub(crate) async fn run_on_cluster(
         };
         match tried {
             Ok(run) => return Ok(run),
-            Err(e) if attempt < attempts && !crate::sink::is_data_error(&e) => {
+            Err(e) if attempt < attempts && !crate::error::is_data_error(&e) => {
                 tracing::warn!(
                     batch_id,
                     attempt,

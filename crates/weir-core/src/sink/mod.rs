@@ -36,10 +36,13 @@ pub use parquet_encode::ParquetCompression;
 pub use parquet_parts::{PARQUET_PARTS, ParquetPartsExec, PartsWrite};
 pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
 pub(crate) use worker_write::WritePlanner;
+// Where the sinks (and the connectors) have always found them; they live in `error` so a
+// source can mark its own data errors without depending on `sink`.
+pub use crate::error::{is_data_error, task_data_error};
 pub use worker_write::{
-    DecodeWrite, PlanNodes, WorkerWrite, WriteKind, WritePlan, find_write, is_data_error,
-    on_workers, read_body, task_data_error, task_error, write_body, write_location,
-    write_properties, written_batch, written_rows, written_schema,
+    DecodeWrite, PlanNodes, WorkerWrite, WriteKind, WritePlan, find_write, on_workers, read_body,
+    task_error, write_body, write_location, write_properties, written_batch, written_rows,
+    written_schema,
 };
 
 /// The user's function: called once per attempt of a batch, on one task, batches in order.

@@ -141,22 +141,6 @@ pub fn task_error(e: impl std::error::Error + 'static) -> DataFusionError {
     DataFusionError::Execution(crate::error::error_chain(&e))
 }
 
-/// What ends the text of a task's error that running the task again would repeat (a value
-/// the sink cannot take, a table of another shape): the cluster does not run such a batch
-/// again on other workers, it fails at once.
-const NOT_RETRIED: &str =
-    " (a property of the batch's rows: running it again would fail the same way)";
-
-/// A task's error that running it again would repeat ([`NOT_RETRIED`]).
-pub fn task_data_error(e: impl std::error::Error + 'static) -> DataFusionError {
-    DataFusionError::Execution(format!("{}{NOT_RETRIED}", crate::error::error_chain(&e)))
-}
-
-/// Whether `e` came from [`task_data_error`].
-pub fn is_data_error(e: &(dyn std::error::Error + 'static)) -> bool {
-    crate::error::error_chain(e).contains(NOT_RETRIED)
-}
-
 /// A write's description as JSON for the wire ([`WorkerWrite::encode`]'s body).
 pub fn write_body(kind: &str, write: &impl serde::Serialize) -> DfResult<String> {
     serde_json::to_string(write)

@@ -188,7 +188,7 @@ impl WorkerScan for RecordedFilesExec {
 /// other workers (it would fail the same way).
 fn external(e: Error) -> DataFusionError {
     match e {
-        Error::MalformedInput { .. } => crate::sink::task_data_error(e),
+        Error::MalformedInput { .. } => crate::error::task_data_error(e),
         e => DataFusionError::External(Box::new(e)),
     }
 }
