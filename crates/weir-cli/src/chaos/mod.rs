@@ -334,6 +334,7 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
     } else if pipeline.cluster.is_some() {
         bail!("{origin} has a [cluster]: run it with --workers N (chaos starts its own workers)");
     }
+    let cluster_given = cluster.is_some();
     let pipeline_path = dir.join("pipeline.toml");
     std::fs::write(&pipeline_path, pipeline.to_toml()?)?;
     let pipeline = Pipeline::load(&pipeline_path)?;
@@ -375,12 +376,19 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
         );
     }
     let began = Instant::now();
-    while s.kills < args.kills {
+    // With workers, the runs also go on (a bounded number) until one worker was killed
+    // inside a run: a short input can end every run before a randomly timed worker kill.
+    let owe_worker_kill =
+        |s: &Summary| cluster_given && s.worker_kills == 0 && s.runs < 4 * args.kills;
+    while s.kills < args.kills || owe_worker_kill(&s) {
         s.input_records += input.add(args.files_per_run).await?;
         let (next, replay) = pending(&checkpoint).await?;
         let log = dir.join("runs").join(format!("{:04}", s.runs));
         let sigkill = rng.next().is_multiple_of(3);
-        let (fault, kill_after) = if sigkill {
+        // A run only for the worker kill still owed makes no kill of the driver.
+        let (fault, kill_after) = if s.kills >= args.kills {
+            (None, None)
+        } else if sigkill {
             let frac = 0.05 + (rng.next() % 1000) as f64 / 1000.0;
             (
                 None,
@@ -412,9 +420,12 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
             (None, vec![])
         };
         // With workers, one run in two also loses a random worker at a random moment.
+        let owed = owe_worker_kill(&s);
         let worker_kill = match &cluster {
-            Some(w) if rng.next().is_multiple_of(2) => {
-                let frac = 0.05 + (rng.next() % 1000) as f64 / 1000.0;
+            Some(w) if owed || rng.next().is_multiple_of(2) => {
+                // Owed a kill, it comes early in the run, before the run can end.
+                let spread = if owed { 250 } else { 1000 };
+                let frac = 0.05 + (rng.next() % spread) as f64 / 1000.0;
                 Some((
                     (rng.next() % w.len() as u64) as usize,
                     Duration::from_millis((typical_ms * frac) as u64),
