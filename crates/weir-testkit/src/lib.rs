@@ -129,6 +129,8 @@ mod kafka;
 pub use kafka::{KafkaBroker, kafka};
 
 mod azure;
+mod delay;
+pub use delay::DelayProxy;
 mod kafka_tls;
 mod s3;
 pub mod service;

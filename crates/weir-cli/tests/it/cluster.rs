@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use weir_core::fault::{AFTER_OFFSETS_WRITE, AFTER_USER_FN, BEFORE_COMMIT_WRITE};
 use weir_core::sink::{PARQUET_BETWEEN_MOVES, PARQUET_POINTS};
-use weir_testkit::{parquet_rows, run_weir, temp_dir};
+use weir_testkit::{DelayProxy, parquet_rows, run_weir, temp_dir};
 
 use crate::kills::{kafka_topic_with_orders, killed_in_batch_2_then_rerun};
 use crate::{
@@ -938,10 +938,11 @@ impl Drop for Netns {
     }
 }
 
-/// Workers in network namespaces of their own (a bridge between them and the driver):
-/// the shuffle of a grouping crosses their network stacks, a worker SIGKILLed mid-run and
-/// started again in its namespace loses and repeats nothing, and the groups equal a
-/// single process's.
+/// Workers in network namespaces of their own (a bridge between them and the driver),
+/// each reached through a proxy that adds 10 ms each way (the kernel here has no netem):
+/// the shuffle of a grouping crosses their network stacks at a data centre's latency, a
+/// worker SIGKILLed mid-run and started again in its namespace loses and repeats nothing,
+/// and the groups equal a single process's.
 #[tokio::test]
 async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill() {
     let net = Netns::new(3);
@@ -954,6 +955,19 @@ async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill()
             )
         })
         .collect();
+    // The driver and the workers (fetching each other's shuffle output) reach a worker
+    // only through its proxy, on the bridge's address.
+    let proxies: Vec<DelayProxy> = ws
+        .iter()
+        .map(|w| {
+            DelayProxy::start(
+                &format!("{}:0", net.addrs[0]),
+                &w.addr(),
+                Duration::from_millis(10),
+            )
+            .unwrap()
+        })
+        .collect();
     let sql = "SELECT status, count(*) AS n, sum(order_id) AS s FROM batch GROUP BY status";
     let mut outputs = Vec::new();
     for cluster in [true, false] {
@@ -962,6 +976,11 @@ async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill()
         gen_orders(&input, 45, 400, 100);
         let extra = "token = \"n3t\"\nmax-batch-attempts = 4";
         let p = sql_pipeline(dir.path(), &refs(&ws), extra, 3, sql, cluster);
+        let mut text = std::fs::read_to_string(&p).unwrap();
+        for (w, proxy) in ws.iter().zip(&proxies) {
+            text = text.replace(&w.url, &format!("http://{}", proxy.addr));
+        }
+        std::fs::write(&p, text).unwrap();
         let progress = dir.path().join("progress.jsonl");
         let first_ns = net.names[0].clone();
         let restart = move |a: &str| Worker::start_in(Some(&first_ns), a, Some("n3t"));
@@ -992,6 +1011,9 @@ async fn workers_in_network_namespaces_of_their_own_shuffle_and_survive_a_kill()
             let last = last_progress(&progress);
             for w in last["cluster"]["workers"].as_array().unwrap() {
                 assert!(!w["url"].as_str().unwrap().contains("127.0.0.1"), "{last}");
+            }
+            for (i, proxy) in proxies.iter().enumerate() {
+                assert!(proxy.bytes() > 0, "nothing went through worker {i}'s proxy");
             }
         }
         outputs.push(parquet_rows(&dir.path().join("out"), &["status", "n", "s"]).await);
