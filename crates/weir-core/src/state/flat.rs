@@ -291,6 +291,18 @@ impl FlatMap {
             })
     }
 
+    /// Every key held with its value (removals left out), in key order. Sorts a list of
+    /// offsets (8 bytes a key), not of the keys.
+    pub(crate) fn sorted(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let arena = &self.arena;
+        let mut at: Vec<usize> = on_table!(&self.table, t => t.iter().map(|s| s.at()).collect());
+        at.sort_unstable_by(|a, b| entry_at(arena, *a).key.cmp(entry_at(arena, *b).key));
+        at.into_iter().filter_map(move |a| {
+            let e = entry_at(arena, a);
+            Some((e.key, e.value?))
+        })
+    }
+
     /// Empties the map, keeping its memory for the next use.
     pub(crate) fn clear(&mut self) {
         on_table!(&mut self.table, t => t.clear());
@@ -377,6 +389,18 @@ mod tests {
         let mut want: Vec<(Vec<u8>, Option<Vec<u8>>)> = reference.into_iter().collect();
         want.sort();
         assert_eq!(listed, want);
+        let sorted: Vec<(Vec<u8>, Vec<u8>)> = flat
+            .sorted()
+            .map(|(k, v)| (k.to_vec(), v.to_vec()))
+            .collect();
+        let want_sorted: Vec<(Vec<u8>, Vec<u8>)> = want
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+            .collect();
+        assert_eq!(
+            sorted, want_sorted,
+            "held keys in key order, removals left out"
+        );
         flat.compact();
         assert!(flat.garbage == 0 || flat.garbage * 2 <= flat.arena.len());
         flat.clear();

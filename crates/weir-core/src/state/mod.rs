@@ -222,6 +222,12 @@ impl StateStore {
         self.committed.memory_bytes()
     }
 
+    /// Whether the next commit writes a snapshot besides the delta.
+    pub fn snapshot_due(&self) -> bool {
+        self.version
+            .is_some_and(|v| (v + 1).is_multiple_of(self.conf.snapshot_every))
+    }
+
     /// Writes this attempt's changes as the next version (its delta, and a snapshot when one
     /// is due), durably, and makes it the version held. Returns the version written.
     ///
@@ -231,22 +237,35 @@ impl StateStore {
     /// is refused: that version was committed on top of a different one. On any error the
     /// store holds nothing, and only [`Self::load`] makes it usable again.
     pub async fn commit(&mut self) -> Result<u64> {
-        let result = self.write_next().await;
-        match &result {
-            Ok(next) => {
-                for (k, v) in self.pending.iter() {
-                    apply(&mut self.committed, k, v);
-                }
-                self.pending.clear();
-                self.committed.compact();
-                self.version = Some(*next);
+        let snapshot = self.snapshot_due();
+        let mut result = self.write_next().await;
+        if let Ok(next) = result {
+            for (k, v) in self.pending.iter() {
+                apply(&mut self.committed, k, v);
             }
+            self.pending.clear();
+            self.committed.compact();
+            // The snapshot is the version's keys, now all in `committed`: written from
+            // there in key order (a sorted list of offsets, not of the keys).
+            if snapshot {
+                result = self.write_snapshot(next).await.map(|()| next);
+            }
+        }
+        match &result {
+            Ok(next) => self.version = Some(*next),
             Err(_) => {
                 self.version = None;
                 self.pending.clear();
             }
         }
         result
+    }
+
+    async fn write_snapshot(&mut self, version: u64) -> Result<()> {
+        let rows = self.committed.sorted().map(|(k, v)| (k, Some(v)));
+        let snapshot = encode::encode(Kind::Snapshot, version, rows)
+            .map_err(|e| self.encoding(version, Kind::Snapshot, e))?;
+        self.write_once(version, Kind::Snapshot, snapshot).await
     }
 
     async fn write_next(&mut self) -> Result<u64> {
@@ -280,14 +299,6 @@ impl StateStore {
             .map_err(|e| self.encoding(next, Kind::Delta, e))?;
         self.dir.create_dir().await?;
         self.write_once(next, Kind::Delta, delta).await?;
-        if next.is_multiple_of(self.conf.snapshot_every) {
-            let mut rows: Vec<(&[u8], Option<&[u8]>)> =
-                self.iter().map(|(k, v)| (k, Some(v))).collect();
-            rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            let snapshot = encode::encode(Kind::Snapshot, next, rows.into_iter())
-                .map_err(|e| self.encoding(next, Kind::Snapshot, e))?;
-            self.write_once(next, Kind::Snapshot, snapshot).await?;
-        }
         Ok(next)
     }
 

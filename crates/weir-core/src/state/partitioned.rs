@@ -200,7 +200,18 @@ impl PartitionedStore {
     /// written at once (see [`StateStore::commit`]). An error leaves the partitions that
     /// failed holding nothing, so the batch's replay loads every one again.
     pub async fn commit(&mut self) -> Result<u64> {
-        let versions = try_join_all(self.parts.iter_mut().map(StateStore::commit)).await?;
+        // A version with snapshots holds a partition's whole state, sorted and encoded,
+        // while it is written: one partition after another then, so that the memory this
+        // takes is one partition's, not the operator's.
+        let versions = if self.parts.iter().any(StateStore::snapshot_due) {
+            let mut versions = Vec::with_capacity(self.parts.len());
+            for part in self.parts.iter_mut() {
+                versions.push(part.commit().await?);
+            }
+            versions
+        } else {
+            try_join_all(self.parts.iter_mut().map(StateStore::commit)).await?
+        };
         versions.into_iter().max().ok_or_else(|| Error::Internal {
             what: "a state store without partitions".into(),
         })
