@@ -49,7 +49,7 @@ use weir_core::connector::{BuildEnv, DurationText, SinkShape, secret};
 use weir_core::datafusion::arrow::datatypes::Schema;
 use weir_core::engine::{Transform, TransformOutput};
 use weir_core::storage::StorageOptions;
-use weir_core::{DataStreamWriter, FanOut, ForeachBatch, Trigger, WeirSession};
+use weir_core::{DataStreamWriter, FanOut, ForeachBatch, RetryPolicy, Trigger, WeirSession};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -85,6 +85,34 @@ pub(crate) struct QueryConfig {
     /// How long the lease of an object-store checkpoint lives without renewal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl: Option<DurationText>,
+    /// How failures that may pass (a server down, a connection cut) are met.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryConfig>,
+}
+
+/// `[query] retry = { attempts = 10, initial = "1s", max = "1m" }`: runs of a failing
+/// batch before the query stops, and the pauses between them (doubling); each left out
+/// takes the default.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RetryConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<DurationText>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<DurationText>,
+}
+
+impl RetryConfig {
+    fn policy(&self) -> RetryPolicy {
+        let d = RetryPolicy::default();
+        RetryPolicy {
+            attempts: self.attempts.unwrap_or(d.attempts),
+            initial: self.initial.map_or(d.initial, |t| t.0),
+            max: self.max.map_or(d.max, |t| t.0),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -235,6 +263,9 @@ impl Pipeline {
         self.trigger()?;
         if let Some(n) = self.query.state_partitions {
             weir_core::state::partitioned::check_partitions("query.state-partitions", n)?;
+        }
+        if let Some(r) = &self.query.retry {
+            r.policy().check("query.retry")?;
         }
         if let Some(c) = &self.cluster {
             c.check()?;
@@ -430,6 +461,9 @@ impl Pipeline {
         }
         if let Some(t) = self.query.lease_ttl {
             writer = writer.lease_ttl(t.0);
+        }
+        if let Some(r) = &self.query.retry {
+            writer = writer.retry(r.policy());
         }
         Ok(writer)
     }

@@ -360,3 +360,107 @@ pub fn task_data_error(e: impl std::error::Error + 'static) -> datafusion::error
 pub fn is_data_error(e: &(dyn std::error::Error + 'static)) -> bool {
     error_chain(e).contains(NOT_RETRIED)
 }
+
+/// A failure that is expected to pass: a server down or restarting, a connection refused
+/// or cut, a timeout. A connector wraps such an error of its own in it (it knows its
+/// client's error types; the engine does not), and the query then runs the batch again
+/// after a pause ([`crate::RetryPolicy`]) instead of stopping. It shows as the error it
+/// wraps.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct Transient(BoxError);
+
+impl Transient {
+    pub fn new(e: impl Into<BoxError>) -> Self {
+        Transient(e.into())
+    }
+}
+
+/// Whether `e`, or an error it was caused by, is one that running the batch again later
+/// may not meet: a [`Transient`], or an I/O error of a refused, reset or cut connection,
+/// an unreachable network or a timeout (the errors connectors hand on from the network,
+/// checked by their type, never by their text). Anything else (bad data, a refused setting
+/// or schema, authentication, a corrupt checkpoint) is not.
+pub fn is_transient(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::*;
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<Transient>().is_some() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | NotConnected
+                    | BrokenPipe
+                    | TimedOut
+                    | HostUnreachable
+                    | NetworkUnreachable
+                    | NetworkDown
+            )
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_errors_are_found_by_type_anywhere_in_the_chain() {
+        let io = |kind| std::io::Error::new(kind, "x");
+        let refused = Error::Sink {
+            sink: "pg".into(),
+            batch_id: 3,
+            source: Box::new(io(std::io::ErrorKind::ConnectionRefused)),
+        };
+        let in_batch = Error::BatchFailed {
+            query: "q".into(),
+            batch_id: 3,
+            source: Box::new(refused),
+        };
+        let marked = Error::BatchFailed {
+            query: "q".into(),
+            batch_id: 3,
+            source: Box::new(Transient::new("the server is shutting down")),
+        };
+        let cases: Vec<(Box<dyn std::error::Error + 'static>, bool)> = vec![
+            (Box::new(in_batch), true),
+            (Box::new(marked), true),
+            (Box::new(io(std::io::ErrorKind::TimedOut)), true),
+            (Box::new(io(std::io::ErrorKind::ConnectionReset)), true),
+            // A file cut short or missing is not a network's failure.
+            (Box::new(io(std::io::ErrorKind::UnexpectedEof)), false),
+            (Box::new(io(std::io::ErrorKind::NotFound)), false),
+            (Box::new(io(std::io::ErrorKind::PermissionDenied)), false),
+            (Box::new(Error::config("query.trigger", "bad")), false),
+            // The text of an error does not count, only its type.
+            (
+                Box::new(Error::Cluster {
+                    reason: "connection refused".into(),
+                }),
+                false,
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(
+                is_transient(e.as_ref()),
+                want,
+                "{}",
+                error_chain(e.as_ref())
+            );
+        }
+        // It shows as what it wraps.
+        assert_eq!(
+            Transient::new("the server is down").to_string(),
+            "the server is down"
+        );
+    }
+}

@@ -36,7 +36,8 @@ pub use api::{
     DataStreamReader, DataStreamWriter, IntoLocation, LocationSpec, StreamingDataFrame, WeirSession,
 };
 pub use engine::{
-    Aggregation, OutputMode, QueryListener, StreamingQuery, StreamingQueryProgress, Trigger,
+    Aggregation, OutputMode, QueryListener, RetryPolicy, StreamingQuery, StreamingQueryProgress,
+    Trigger,
 };
 pub use error::{BoxError, Error, Result};
 pub use sink::{

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use weir_core::engine::{
-    DURATION_PHASES, FallingBehind, QueryIdle, QueryListener, QueryStarted, QueryTerminated,
-    StreamingQueryProgress,
+    DURATION_PHASES, FallingBehind, QueryIdle, QueryListener, QueryRetrying, QueryStarted,
+    QueryTerminated, StreamingQueryProgress,
 };
 use weir_core::sink::{CACHE_DURATION_KEY, SinkMetric};
 
@@ -26,8 +26,23 @@ pub const RECENT: usize = 300;
 pub enum Phase {
     Starting,
     Active,
+    /// A run failed with an error that may pass; the query starts again after a pause.
+    Retrying,
     Stopped,
     Failed,
+}
+
+/// The next run of a query that failed with an error that may pass (`/api/status`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NextAttempt {
+    /// The batch that failed (`None`: before the first batch).
+    pub batch_id: Option<u64>,
+    /// Failures in a row so far, of at most `attempts` runs.
+    pub failed: u32,
+    pub attempts: u32,
+    /// When the next run starts, in seconds since the epoch.
+    pub at: f64,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +76,9 @@ struct State {
     behind_fraction: f64,
     lag: BTreeMap<(String, String), i64>,
     last_error: Option<String>,
+    next_attempt: Option<NextAttempt>,
+    /// Runs that failed with an error that may pass and were started again.
+    retried: u64,
     /// The recent reports as JSON, serialized once when they arrive (scrapes only copy).
     recent_json: VecDeque<String>,
 }
@@ -90,6 +108,8 @@ pub struct Status {
     pub falling_behind: bool,
     pub behind_fraction: f64,
     pub last_error: Option<String>,
+    /// While retrying: the next run.
+    pub next_attempt: Option<NextAttempt>,
     /// Records behind the newest offset, per `topic/partition`.
     pub kafka_lag: BTreeMap<String, i64>,
 }
@@ -162,6 +182,8 @@ impl Monitor {
                 behind_fraction: 0.7,
                 lag: BTreeMap::new(),
                 last_error: None,
+                next_attempt: None,
+                retried: 0,
                 recent_json: VecDeque::new(),
             }),
         }
@@ -203,6 +225,28 @@ impl Monitor {
             let (ready, reason) = match s.phase {
                 Phase::Starting => (false, "the query is starting".to_string()),
                 Phase::Failed => (false, "the query failed".to_string()),
+                Phase::Retrying => (
+                    false,
+                    match &s.next_attempt {
+                        Some(n) => {
+                            let wait = n.at - now_seconds();
+                            format!(
+                                "retrying: {} failed ({} of {} runs): {}; {}",
+                                n.batch_id
+                                    .map_or("the start".to_string(), |b| format!("batch {b}")),
+                                n.failed,
+                                n.attempts,
+                                s.last_error.as_deref().unwrap_or("(no error text)"),
+                                if wait > 0.0 {
+                                    format!("next run in {wait:.0} s")
+                                } else {
+                                    "running it again now".to_string()
+                                }
+                            )
+                        }
+                        None => "retrying".to_string(),
+                    },
+                ),
                 Phase::Stopped => (false, "the query stopped".to_string()),
                 Phase::Active if quiet > stall && !s.idle => (
                     false,
@@ -227,6 +271,7 @@ impl Monitor {
                 falling_behind: s.behind,
                 behind_fraction: s.behind_fraction,
                 last_error: s.last_error.clone(),
+                next_attempt: s.next_attempt.clone(),
                 kafka_lag: s
                     .lag
                     .iter()
@@ -247,6 +292,7 @@ impl Monitor {
             falling_behind: false,
             behind_fraction: 0.0,
             last_error: None,
+            next_attempt: None,
             kafka_lag: BTreeMap::new(),
         })
     }
@@ -258,9 +304,12 @@ impl Monitor {
         let _ = self.with(|s| {
             out.gauge(
                 "weir_query_up",
-                "1 while the query runs (starting or active), 0 once it stopped or failed",
+                "1 while the query runs (starting, active or retrying), 0 once it stopped or failed",
                 &q,
-                f64::from(u8::from(matches!(s.phase, Phase::Starting | Phase::Active))),
+                f64::from(u8::from(matches!(
+                    s.phase,
+                    Phase::Starting | Phase::Active | Phase::Retrying
+                ))),
             );
             out.counter(
                 "weir_batches_committed_total",
@@ -273,6 +322,13 @@ impl Monitor {
                 "Batches that failed (the query stopped with the error)",
                 &q,
                 s.failed as f64,
+            );
+            out.counter(
+                "weir_query_retries_total",
+                "Runs that failed with an error that may pass (a server down, a connection \
+                 cut) and were started again from the checkpoint after a pause",
+                &q,
+                s.retried as f64,
             );
             out.counter(
                 "weir_batches_replayed_total",
@@ -417,7 +473,12 @@ impl Monitor {
 impl QueryListener for Monitor {
     fn on_query_started(&self, e: &QueryStarted) {
         self.with(|s| {
-            s.phase = Phase::Active;
+            // Started again after a failure: retrying until a batch gets through.
+            s.phase = if s.next_attempt.is_some() {
+                Phase::Retrying
+            } else {
+                Phase::Active
+            };
             s.query_id = Some(e.id);
             s.started = Instant::now();
             s.last_activity = Instant::now();
@@ -430,6 +491,9 @@ impl QueryListener for Monitor {
     fn on_query_progress(&self, p: &StreamingQueryProgress) {
         let interval_ms = self.interval.as_millis() as f64;
         self.with(|s| {
+            // A batch ended: a retry, if one ran, got through.
+            s.next_attempt = None;
+            s.phase = Phase::Active;
             s.last_activity = Instant::now();
             s.idle = false;
             s.committed += 1;
@@ -494,6 +558,10 @@ impl QueryListener for Monitor {
         self.with(|s| {
             s.last_activity = Instant::now();
             s.idle = true;
+            // Nothing was left to run: a retry, if one ran, got through.
+            if s.next_attempt.take().is_some() {
+                s.phase = Phase::Active;
+            }
         });
     }
 
@@ -505,6 +573,20 @@ impl QueryListener for Monitor {
                 s.last_error = Some(err.clone());
             }
             None => s.phase = Phase::Stopped,
+        });
+    }
+
+    fn on_query_retrying(&self, e: &QueryRetrying) {
+        self.with(|s| {
+            s.phase = Phase::Retrying;
+            s.retried += 1;
+            s.last_error = Some(e.error.clone());
+            s.next_attempt = Some(NextAttempt {
+                batch_id: e.batch_id,
+                failed: e.failed,
+                attempts: e.attempts,
+                at: now_seconds() + e.pause_ms as f64 / 1000.0,
+            });
         });
     }
 

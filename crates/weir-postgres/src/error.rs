@@ -125,6 +125,31 @@ impl PostgresSinkError {
         }
     }
 
+    /// A failure that may pass (`weir_core::error::is_transient` then runs the batch again
+    /// after a pause): the connection refused, cut or closed, the server shutting down,
+    /// starting or out of connection slots (SQLSTATE class 08, 57P01-57P03, 53300), a
+    /// serialization failure or a deadlock (40001, 40P01). Decided by the error's type and
+    /// SQLSTATE, never its text.
+    pub(crate) fn is_transient(&self) -> bool {
+        let engine = |e: &(dyn std::error::Error + 'static)| weir_core::error::is_transient(e);
+        match self {
+            PostgresSinkError::Db { source, .. } => transient_db(source),
+            PostgresSinkError::DataFusion { source, .. } => engine(source),
+            PostgresSinkError::Engine { source, .. } => engine(source),
+            PostgresSinkError::User { source, .. } => engine(source.as_ref()),
+            _ => false,
+        }
+    }
+
+    /// The error as the engine takes it: marked `Transient` when it may pass.
+    pub(crate) fn boxed(self) -> weir_core::BoxError {
+        if self.is_transient() {
+            Box::new(weir_core::error::Transient::new(self))
+        } else {
+            Box::new(self)
+        }
+    }
+
     /// A connection slot left empty (`Conn::get` connects when it holds no client, so this
     /// is not expected).
     pub(crate) fn no_connection(table: &str) -> Self {
@@ -134,4 +159,21 @@ impl PostgresSinkError {
             reason: "no connection".into(),
         }
     }
+}
+
+/// See [`PostgresSinkError::is_transient`].
+fn transient_db(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(state) = e.code() {
+        let code = state.code();
+        return code.starts_with("08")
+            || matches!(
+                code,
+                "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01"
+            );
+    }
+    // A refused or cut connection: the I/O error it carries.
+    weir_core::error::is_transient(e)
 }

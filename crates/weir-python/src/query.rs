@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pyo3::exceptions::PyKeyboardInterrupt;
+use pyo3::exceptions::{PyConnectionError, PyKeyboardInterrupt, PyTimeoutError};
 use pyo3::prelude::*;
 use serde::Deserialize;
 use weir::config::SourceConfig;
@@ -13,7 +13,9 @@ use weir::connector::{BuildEnv, DurationText};
 use weir::datafusion::prelude::DataFrame;
 use weir::engine::{Transform, check_steps};
 use weir::storage::StorageOptions;
-use weir::{BatchContext, BoxError, ForeachBatch, StreamingQuery, Trigger, WeirSession};
+use weir::{
+    BatchContext, BoxError, ForeachBatch, RetryPolicy, StreamingQuery, Trigger, WeirSession,
+};
 use weir_cluster::{ClusterConfig, WeirCluster};
 
 use crate::batch::Batch;
@@ -39,8 +41,31 @@ struct QuerySpec {
     /// `.option("statePartitions", n)` (`None`: what the state recorded, or the default).
     #[serde(default)]
     state_partitions: Option<u32>,
+    /// `.option("retryAttempts" | "retryInitial" | "retryMax", ...)`.
+    #[serde(default)]
+    retry: RetrySpec,
     /// Relative paths are taken from here (the Python process's working folder).
     base: Option<std::path::PathBuf>,
+}
+
+/// The retry options given (each left out takes the default).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetrySpec {
+    attempts: Option<u32>,
+    initial: Option<DurationText>,
+    max: Option<DurationText>,
+}
+
+impl RetrySpec {
+    fn policy(&self) -> RetryPolicy {
+        let d = RetryPolicy::default();
+        RetryPolicy {
+            attempts: self.attempts.unwrap_or(d.attempts),
+            initial: self.initial.map_or(d.initial, |t| t.0),
+            max: self.max.map_or(d.max, |t| t.0),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -61,6 +86,7 @@ struct Parsed {
     checkpoint: String,
     trigger: Trigger,
     state_partitions: Option<u32>,
+    retry: RetryPolicy,
 }
 
 fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
@@ -96,6 +122,8 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
         .collect();
     check_steps(&steps).map_err(|e| engine_error(py, &e))?;
     let trigger: Trigger = spec.trigger.parse().map_err(|e| engine_error(py, &e))?;
+    let retry = spec.retry.policy();
+    retry.check("retry").map_err(|e| engine_error(py, &e))?;
     source
         .spec()
         .check(&env)
@@ -114,6 +142,7 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
         checkpoint: spec.checkpoint,
         trigger,
         state_partitions: spec.state_partitions,
+        retry,
     })
 }
 
@@ -141,6 +170,7 @@ pub fn start_query(py: Python<'_>, spec: &str, func: Py<PyAny>) -> PyResult<Quer
             writer = writer.state_partitions(n);
         }
         writer
+            .retry(p.retry)
             .query_name(&p.name)
             .checkpoint(p.env.location("checkpointLocation", &p.checkpoint)?)
             .trigger(p.trigger)
@@ -263,6 +293,10 @@ impl ForeachBatch for PythonFunction {
             }
             let _guard = ActiveGuard(ctx.run_id, ctx.batch_id);
             IN_BATCH.with(|b| b.set(true));
+            // The cause of the query's failure is the last call's exception, if it raised.
+            if let Ok(mut f) = failure.lock() {
+                *f = None;
+            }
             Python::attach(|py| {
                 let id = ctx.batch_id;
                 let result = Py::new(py, Batch::new(batch, ctx, false))
@@ -271,17 +305,26 @@ impl ForeachBatch for PythonFunction {
                     Ok(_) => Ok(()),
                     Err(e) => {
                         let traceback = format_traceback(py, &e);
+                        // Python's own types for a failure that may pass: the query runs
+                        // the batch again after a pause (`retry`) instead of stopping.
+                        let transient = e.is_instance_of::<PyConnectionError>(py)
+                            || e.is_instance_of::<PyTimeoutError>(py);
                         if let Ok(mut f) = failure.lock() {
                             *f = Some(e);
                         }
-                        Err(PythonFailure { traceback })
+                        let failed = PythonFailure { traceback };
+                        Err(if transient {
+                            Box::new(weir::error::Transient::new(failed)) as BoxError
+                        } else {
+                            Box::new(failed) as BoxError
+                        })
                     }
                 }
             })
         })
         .await;
         match joined {
-            Ok(r) => r.map_err(|e| Box::new(e) as BoxError),
+            Ok(r) => r,
             Err(e) => Err(format!("the thread running the Python function failed: {e}").into()),
         }
     }

@@ -307,3 +307,51 @@ def test_state_partitions_is_a_writer_option_fixed_once_the_state_is_written(tmp
     # Another number on the same checkpoint is refused, naming the setting.
     with pytest.raises(weir.WeirError, match="state-partitions.*3 partition"):
         start(**{"spark.sql.shuffle.partitions": 5}).await_termination()
+
+
+def test_a_connection_error_runs_the_batch_again_after_a_pause_and_others_stop(tmp_path):
+    write_json_files(tmp_path / "in", orders(30, 5), 10)
+    seen = []
+    calls = {"n": 0}
+
+    def flaky(batch, batch_id):
+        seen.append((batch_id, batch.is_replay, batch.count()))
+        if batch_id == 1 and calls["n"] < 2:
+            calls["n"] += 1
+            raise ConnectionRefusedError("the warehouse is restarting")
+
+    def start(fn, chk, **options):
+        w = files_stream(tmp_path / "in").write_stream
+        for k, v in options.items():
+            w = w.option(k, v)
+        return (w.foreach_batch(fn).option("checkpointLocation", str(chk)).query_name("flaky")
+                .trigger(available_now=True).start())
+
+    # A ConnectionError (here ConnectionRefusedError) may pass: batch 1 runs again from the
+    # checkpoint, same id and rows, until it gets through; the query ends by itself.
+    q = start(flaky, tmp_path / "chk", retryInitial="50ms", retryMax="200ms")
+    q.await_termination()
+    assert q.exception() is None
+    assert seen == [(0, False, 10), (1, False, 10), (1, True, 10), (1, True, 10), (2, False, 10)]
+    assert sorted(os.listdir(tmp_path / "chk" / "commits")) == ["0", "1", "2"]
+
+    # With one run allowed, the same error stops the query at once.
+    calls["n"] = 0
+    seen.clear()
+    q = start(flaky, tmp_path / "chk2", retryAttempts=1)
+    with pytest.raises(weir.StreamingQueryException) as e:
+        q.await_termination()
+    assert isinstance(e.value.__cause__, ConnectionRefusedError)
+    assert seen == [(0, False, 10), (1, False, 10)]
+
+    # Any other exception stops it too, whatever the retry options.
+    def broken(batch, batch_id):
+        raise ValueError("no room for order 42")
+
+    q = start(broken, tmp_path / "chk3", retryAttempts=5)
+    with pytest.raises(weir.StreamingQueryException):
+        q.await_termination()
+    with pytest.raises(weir.ConfigError, match="retryAttempts"):
+        start(flaky, tmp_path / "chk4", retryAttempts=0)
+    with pytest.raises(weir.ConfigError, match="retry.initial"):
+        start(flaky, tmp_path / "chk4", retryInitial="5s", retryMax="1s")

@@ -12,6 +12,51 @@ use std::sync::OnceLock;
 #[derive(Debug, Clone)]
 pub struct PgServer {
     pub url: String,
+    /// How to stop and start it again (`None`: a server given by `DATABASE_URL`).
+    ctl: Option<Ctl>,
+}
+
+/// `pg_ctl` and what it needs to start the same server again.
+#[derive(Debug, Clone)]
+struct Ctl {
+    pg_ctl: PathBuf,
+    data: String,
+    log: String,
+    opts: String,
+}
+
+impl PgServer {
+    fn ctl(&self) -> &Ctl {
+        match &self.ctl {
+            Some(c) => c,
+            None => panic!("a server given by DATABASE_URL cannot be stopped by a test"),
+        }
+    }
+
+    /// Stops the server as an administrator does (`pg_ctl stop -m fast`: open sessions are
+    /// ended with SQLSTATE 57P01, new connections refused).
+    pub fn stop(&self) {
+        let c = self.ctl();
+        run(
+            as_postgres(
+                &c.pg_ctl.to_string_lossy(),
+                &["-D", &c.data, "-m", "fast", "-w", "stop"],
+            ),
+            "pg_ctl stop",
+        );
+    }
+
+    /// Starts the stopped server again, on the same address and data.
+    pub fn start(&self) {
+        let c = self.ctl();
+        run(
+            as_postgres(
+                &c.pg_ctl.to_string_lossy(),
+                &["-D", &c.data, "-l", &c.log, "-w", "-o", &c.opts, "start"],
+            ),
+            "pg_ctl start",
+        );
+    }
 }
 
 static SERVER: OnceLock<PgServer> = OnceLock::new();
@@ -19,7 +64,7 @@ static SERVER: OnceLock<PgServer> = OnceLock::new();
 /// The shared server of this test binary, started on first use.
 pub fn postgres() -> &'static PgServer {
     SERVER.get_or_init(|| match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => PgServer { url },
+        Ok(url) if !url.is_empty() => PgServer { url, ctl: None },
         _ => start(),
     })
 }
@@ -139,5 +184,11 @@ pub fn start_postgres(addr: &str, port: u16) -> PgServer {
         .spawn();
     PgServer {
         url: format!("host={addr} port={port} user=postgres dbname=postgres"),
+        ctl: Some(Ctl {
+            pg_ctl,
+            data: d,
+            log,
+            opts,
+        }),
     }
 }

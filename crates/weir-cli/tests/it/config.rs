@@ -51,6 +51,22 @@ fn bad_pipelines_are_refused_naming_the_key() {
         !out.status.success() && err.contains("'3x'") && err.contains("in `max-file-age`"),
         "{err}"
     );
+    // A retry policy that cannot work, and one with a key it does not know.
+    for (retry, want) in [
+        ("{ attempts = 0 }", "query.retry.attempts"),
+        ("{ initial = \"5s\", max = \"1s\" }", "query.retry.initial"),
+        ("{ tries = 3 }", "tries"),
+    ] {
+        let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+        let text = std::fs::read_to_string(&p).unwrap().replace(
+            "trigger = \"available-now\"",
+            &format!("trigger = \"available-now\"\nretry = {retry}"),
+        );
+        std::fs::write(&p, text).unwrap();
+        let out = run_weir(&bin(), &["check", p.to_str().unwrap()], None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{want}: {err}");
+    }
     let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
     let text = std::fs::read_to_string(&p)
         .unwrap()

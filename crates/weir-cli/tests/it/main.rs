@@ -12,6 +12,7 @@ mod config;
 mod durability;
 mod kills;
 mod monitor;
+mod outages;
 mod signals;
 mod spark;
 mod storage;

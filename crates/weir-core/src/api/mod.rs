@@ -38,7 +38,7 @@ use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
 use crate::checkpoint::LeaseSettings;
 use crate::engine::{
-    BehindDetector, QueryListener, StartRequest, StreamingQuery, Transform, Trigger,
+    BehindDetector, QueryListener, RetryPolicy, StartRequest, StreamingQuery, Transform, Trigger,
 };
 use crate::error::{BoxError, Error, Result};
 use crate::sink::{BatchContext, ForeachBatch};
@@ -444,6 +444,7 @@ impl StreamingDataFrame {
             listeners: Vec::new(),
             retain: 100,
             state_partitions: None,
+            retry: RetryPolicy::default(),
             behind: BehindDetector::default(),
             no_data_delay: Duration::from_millis(100),
             lease: LeaseSettings::default(),
@@ -461,6 +462,7 @@ pub struct DataStreamWriter {
     listeners: Vec<Arc<dyn QueryListener>>,
     retain: u64,
     state_partitions: Option<u32>,
+    retry: RetryPolicy,
     behind: BehindDetector,
     no_data_delay: Duration,
     lease: LeaseSettings,
@@ -556,6 +558,16 @@ impl DataStreamWriter {
         self
     }
 
+    /// How failures that may pass (a server down or restarting, a connection refused or
+    /// cut, a timeout) are met: the query starts again from its checkpoint after a pause,
+    /// and the failed batch runs again with the same id and range (see
+    /// [`crate::engine::retry`]). Default: 10 runs, pauses from 1 s doubling up to 60 s;
+    /// [`RetryPolicy::none`] stops at the first failure.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
     /// Alert when `addBatch` exceeds `fraction` of the trigger interval for `batches`
     /// batches in a row (default 0.7 and 3).
     pub fn falling_behind_alert(mut self, fraction: f64, batches: u32) -> Self {
@@ -587,6 +599,7 @@ impl DataStreamWriter {
         if let Trigger::Continuous(_) = self.trigger {
             return Err(Error::ContinuousTriggerUnsupported);
         }
+        self.retry.check("query.retry")?;
         let sink = self.sink.ok_or_else(|| {
             Error::config(
                 "foreach-batch",
@@ -616,6 +629,7 @@ impl DataStreamWriter {
             trigger: self.trigger,
             retain: self.retain,
             state_partitions: self.state_partitions,
+            retry: self.retry,
             listeners: self.listeners,
             behind: self.behind,
             no_data_delay: self.no_data_delay,

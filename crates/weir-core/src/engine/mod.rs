@@ -7,6 +7,7 @@ pub(crate) use kept_plan::WeirQueryPlanner;
 pub mod progress;
 mod query;
 mod report;
+pub mod retry;
 mod runner;
 mod start;
 mod stateful;
@@ -18,10 +19,11 @@ pub mod trigger;
 pub use cluster::{Cluster, ClusterRun, WorkerTasks};
 pub use progress::{
     BehindDetector, ClusterProgress, DURATION_PHASES, FallingBehind, Phase, QueryIdle,
-    QueryListener, QueryStarted, QueryTerminated, SinkProgress, SourceProgress,
+    QueryListener, QueryRetrying, QueryStarted, QueryTerminated, SinkProgress, SourceProgress,
     StreamingQueryProgress,
 };
 pub use query::StreamingQuery;
+pub use retry::RetryPolicy;
 pub use start::PIN_TARGET_PARTITIONS;
 pub(crate) use start::{StartRequest, start};
 pub use stateful::{Aggregation, DEFAULT_STATE_PARTITIONS, OutputMode};

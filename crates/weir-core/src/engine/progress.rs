@@ -228,6 +228,25 @@ pub trait QueryListener: Send + Sync {
     fn on_query_idle(&self, _event: &QueryIdle) {}
     fn on_query_terminated(&self, _event: &QueryTerminated) {}
     fn on_falling_behind(&self, _event: &FallingBehind) {}
+    /// A run of the query failed with an error that may pass; it starts again from its
+    /// checkpoint after the pause (`engine::retry`).
+    fn on_query_retrying(&self, _event: &QueryRetrying) {}
+}
+
+/// The query failed with an error that may pass and runs again after `pause_ms`: failure
+/// `failed` in a row of at most `attempts` runs.
+#[derive(Debug, Clone)]
+pub struct QueryRetrying {
+    pub id: uuid::Uuid,
+    pub run_id: uuid::Uuid,
+    pub name: String,
+    /// The batch that failed (`None`: before the first batch, or while opening again).
+    pub batch_id: Option<u64>,
+    pub failed: u32,
+    pub attempts: u32,
+    /// The error chain.
+    pub error: String,
+    pub pause_ms: u64,
 }
 
 /// Counts consecutive batches whose `addBatch` exceeds `fraction` of the interval.

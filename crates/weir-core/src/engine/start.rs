@@ -5,7 +5,9 @@
 //! a Spark checkpoint that weir cannot continue refused; the settings the last recorded batch
 //! pinned taken over; the sink asked to check where it writes; the source opened on its log.
 //! Any failure after the checkpoint was taken releases it. Then the loop (`engine::runner`)
-//! is spawned on the current tokio runtime.
+//! is spawned on the current tokio runtime. A run of the loop that fails with an error that
+//! may pass goes through the same opening again (not the checks, nor taking the
+//! checkpoint, which it still holds) after a pause (`engine::retry`).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -16,15 +18,16 @@ use datafusion::prelude::SessionContext;
 
 use super::batch::Steps;
 use super::cluster::Cluster;
-use super::progress::QueryTerminated;
 use super::progress::{BehindDetector, QueryListener};
+use super::progress::{QueryRetrying, QueryTerminated};
 use super::query::Status;
 use super::query::{Shared, StreamingQuery};
+use super::retry::{self, Decision, RetryPolicy};
 use super::runner::{QuerySpec, Runner};
 use super::transform::{Transform, check_at_start};
 use super::trigger::Trigger;
 use crate::checkpoint::{Checkpoint, LeaseSettings, StartPoint};
-use crate::error::{Error, Result, error_chain, join_text};
+use crate::error::{Error, Result, error_chain, is_transient, join_text};
 use crate::sink::{ForeachBatch, QueryIdentity};
 use crate::source::{ReadLimit, Source, SourceInit};
 use crate::storage::Location;
@@ -52,6 +55,8 @@ pub(crate) struct StartRequest {
     pub retain: u64,
     /// `state-partitions` (`None`: what the state recorded, or the default).
     pub state_partitions: Option<u32>,
+    /// How failures that may pass are met.
+    pub retry: RetryPolicy,
     pub listeners: Vec<Arc<dyn QueryListener>>,
     pub behind: BehindDetector,
     pub no_data_delay: Duration,
@@ -87,47 +92,32 @@ pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
         );
     }
     let checkpoint = Checkpoint::open(req.dir, &req.name, req.lease).await?;
+    let reopen = Reopen {
+        transforms: req.transforms,
+        state_partitions: req.state_partitions,
+        retain: req.retain,
+        name: req.name.clone(),
+        policy: req.retry,
+        source: req.source.clone(),
+        sink: req.sink.clone(),
+    };
     let opened = released_on_error(&checkpoint, async {
-        let start = checkpoint.recover().await?;
-        checkpoint.refuse_unfinished_spark(&start).await?;
+        let (start, steps) = reopen.open(&checkpoint).await?;
         let ctx = (req.context)(pinned_partitions(&start));
-        let mut conf = BTreeMap::new();
-        conf.insert(
-            PIN_TARGET_PARTITIONS.to_string(),
-            ctx.state().config().target_partitions().to_string(),
-        );
-        // The stateful steps check the checkpoint's state (operators, their columns, the
-        // number of partitions) before a sink or the source is touched.
-        let steps = Steps::open(
-            req.transforms,
-            &checkpoint.state_root(),
-            req.retain,
-            req.state_partitions,
-        )
-        .await?;
-        // Sinks check where they write before anything runs.
-        let identity = QueryIdentity::of(&checkpoint, &req.name);
-        req.sink
-            .open(&identity)
-            .await
-            .map_err(|source| Error::SinkRefused { source })?;
-        req.source
-            .open(&SourceInit {
-                log: checkpoint.source_log(0),
-                retain_batches: req.retain,
-            })
-            .await?;
-        Ok((start, ctx, conf, steps))
+        Ok((start, ctx, steps))
     })
     .await?;
-    let (start, ctx, conf, steps) = opened;
+    let (start, ctx, steps) = opened;
+    let mut conf = BTreeMap::new();
+    conf.insert(
+        PIN_TARGET_PARTITIONS.to_string(),
+        ctx.state().config().target_partitions().to_string(),
+    );
     let shared = Arc::new(Shared::new(checkpoint.query_id(), req.name));
-    let spec = QuerySpec {
+    let parts = Parts {
         checkpoint,
-        start,
         source: req.source,
         limit: req.limit,
-        steps: Some(steps),
         sink: req.sink,
         trigger: req.trigger,
         retain: req.retain,
@@ -138,8 +128,91 @@ pub(crate) async fn start(req: StartRequest) -> Result<StreamingQuery> {
         no_data_delay: req.no_data_delay,
         cluster: req.cluster,
     };
-    tokio::spawn(run(spec, shared.clone()));
+    let spec = parts.spec(start, steps);
+    tokio::spawn(run(spec, parts, reopen, shared.clone()));
     Ok(StreamingQuery { shared })
+}
+
+/// What opening the query on its checkpoint needs, at start and again after a failure
+/// that may pass (`engine::retry`).
+struct Reopen {
+    transforms: Vec<Transform>,
+    state_partitions: Option<u32>,
+    retain: u64,
+    name: String,
+    policy: RetryPolicy,
+    source: Arc<dyn Source>,
+    sink: Arc<dyn ForeachBatch>,
+}
+
+impl Reopen {
+    /// Decides where to start from the checkpoint's logs, opens the steps on its state,
+    /// lets the sink check where it writes and opens the source on its log: what a process
+    /// does at start, so that running again after a failure is a restart in all but the
+    /// process.
+    async fn open(&self, checkpoint: &Checkpoint) -> Result<(StartPoint, Steps)> {
+        let start = checkpoint.recover().await?;
+        checkpoint.refuse_unfinished_spark(&start).await?;
+        // The stateful steps check the checkpoint's state (operators, their columns, the
+        // number of partitions) before a sink or the source is touched.
+        let steps = Steps::open(
+            self.transforms.clone(),
+            &checkpoint.state_root(),
+            self.retain,
+            self.state_partitions,
+        )
+        .await?;
+        // Sinks check where they write before anything runs.
+        let identity = QueryIdentity::of(checkpoint, &self.name);
+        self.sink
+            .open(&identity)
+            .await
+            .map_err(|source| Error::SinkRefused { source })?;
+        self.source
+            .open(&SourceInit {
+                log: checkpoint.source_log(0),
+                retain_batches: self.retain,
+            })
+            .await?;
+        Ok((start, steps))
+    }
+}
+
+/// The parts of a query's [`QuerySpec`] that every run of it shares.
+struct Parts {
+    checkpoint: Checkpoint,
+    source: Arc<dyn Source>,
+    limit: ReadLimit,
+    sink: Arc<dyn ForeachBatch>,
+    trigger: Trigger,
+    retain: u64,
+    listeners: Vec<Arc<dyn QueryListener>>,
+    behind: BehindDetector,
+    ctx: SessionContext,
+    conf: BTreeMap<String, String>,
+    no_data_delay: Duration,
+    cluster: Option<Arc<dyn Cluster>>,
+}
+
+impl Parts {
+    fn spec(&self, start: StartPoint, steps: Steps) -> QuerySpec {
+        QuerySpec {
+            checkpoint: self.checkpoint.clone(),
+            start,
+            source: self.source.clone(),
+            limit: self.limit,
+            steps: Some(steps),
+            sink: self.sink.clone(),
+            trigger: self.trigger,
+            retain: self.retain,
+            listeners: self.listeners.clone(),
+            behind: self.behind.clone(),
+            ctx: self.ctx.clone(),
+            conf: self.conf.clone(),
+            no_data_delay: self.no_data_delay,
+            cluster: self.cluster.clone(),
+        }
+    }
 }
 
 /// `steps`' result; when it failed, the checkpoint is released first (the query that took
@@ -168,20 +241,75 @@ fn pinned_partitions(start: &StartPoint) -> Option<usize> {
         .and_then(|v| v.parse::<usize>().ok())
 }
 
-/// Runs the query to its end and records how it ended in `shared`.
-async fn run(spec: QuerySpec, shared: Arc<Shared>) {
-    let listeners = spec.listeners.clone();
-    let checkpoint = spec.checkpoint.clone();
-    let task_shared = shared.clone();
-    let outcome =
-        tokio::spawn(async move { Runner::open(spec, task_shared).await?.run().await }).await;
-    let result = match outcome {
-        Ok(r) => r,
-        Err(join) => Err(Error::Panicked {
-            query: shared.name.clone(),
-            last_batch: shared.current_batch(),
-            message: join_text(join),
-        }),
+/// Runs the query to its end and records how it ended in `shared`. A run that fails with
+/// an error that may pass starts again from the checkpoint after a pause, as long as the
+/// retry policy allows (`engine::retry`).
+async fn run(spec: QuerySpec, parts: Parts, reopen: Reopen, shared: Arc<Shared>) {
+    let listeners = parts.listeners.clone();
+    let checkpoint = parts.checkpoint.clone();
+    let mut next = Ok(spec);
+    // Failures in a row of the same batch (a commit in between starts the count again).
+    let mut failed = 0;
+    let mut failing: Option<Option<u64>> = None;
+    let result = loop {
+        let result = match next {
+            Ok(spec) => run_once(spec, &shared).await,
+            Err(e) => Err(e),
+        };
+        let Err(e) = result else { break Ok(()) };
+        let batch = shared.current_batch();
+        if failing != Some(batch) {
+            failed = 0;
+            failing = Some(batch);
+        }
+        let stopping = *shared.stop.borrow();
+        let (pause, now_failed) =
+            match retry::decide(&reopen.policy, is_transient(&e), failed, stopping) {
+                Decision::Stop => break Err(e),
+                Decision::Retry { pause, failed } => (pause, failed),
+            };
+        failed = now_failed;
+        let error = error_chain(&e);
+        let at = batch.map_or("before its first batch".to_string(), |b| {
+            format!("batch {b}")
+        });
+        tracing::warn!(
+            query = %shared.name,
+            batch_id = batch,
+            "{at} failed (run {failed} of {}) with an error that may pass; starting again \
+             from the checkpoint in {} ms: {error}",
+            reopen.policy.attempts,
+            pause.as_millis()
+        );
+        for l in &listeners {
+            l.on_query_retrying(&QueryRetrying {
+                id: shared.id,
+                run_id: shared.run_id,
+                name: shared.name.clone(),
+                batch_id: batch,
+                failed,
+                attempts: reopen.policy.attempts,
+                error: error.clone(),
+                pause_ms: pause.as_millis() as u64,
+            });
+        }
+        // The pause, cut short by a stop: the batch then runs again at the next start.
+        let mut stop = shared.stop.subscribe();
+        let stopped = tokio::select! {
+            _ = tokio::time::sleep(pause) => false,
+            _ = stop.wait_for(|s| *s) => true,
+        };
+        if stopped {
+            tracing::warn!(
+                query = %shared.name,
+                "stopped while waiting to run {at} again; it runs again at the next start"
+            );
+            break Ok(());
+        }
+        next = reopen
+            .open(&checkpoint)
+            .await
+            .map(|(start, steps)| parts.spec(start, steps));
     };
     checkpoint.release().await;
     let error = result.as_ref().err().map(|e| error_chain(e));
@@ -199,4 +327,19 @@ async fn run(spec: QuerySpec, shared: Arc<Shared>) {
         Ok(()) => Status::Stopped,
         Err(e) => Status::Failed(Arc::new(e)),
     });
+}
+
+/// One run of the query's loop, on a task of its own (a panic is an error naming it).
+async fn run_once(spec: QuerySpec, shared: &Arc<Shared>) -> Result<()> {
+    let task_shared = shared.clone();
+    let outcome =
+        tokio::spawn(async move { Runner::open(spec, task_shared).await?.run().await }).await;
+    match outcome {
+        Ok(r) => r,
+        Err(join) => Err(Error::Panicked {
+            query: shared.name.clone(),
+            last_batch: shared.current_batch(),
+            message: join_text(join),
+        }),
+    }
 }

@@ -55,9 +55,15 @@ pub use worker_write::{
 /// and return `Ok`: that batch's data would be lost.
 #[async_trait]
 pub trait ForeachBatch: Send + Sync {
-    /// Called once when the query starts, before its first batch (and before `start()`
+    /// Called when the query starts, before its first batch (and before `start()`
     /// returns): a sink checks that it may write where it was told, and refuses to start
-    /// otherwise (a folder another query owns, ...). The default does nothing.
+    /// otherwise (a folder another query owns, ...). Called again when the query starts
+    /// over in the same process after a failure that may pass (`engine::retry`). The
+    /// default does nothing.
+    ///
+    /// An error of a sink's (here or from a write) that may pass, such as its server being
+    /// down, is wrapped in [`crate::error::Transient`]: the batch then runs again after a
+    /// pause instead of stopping the query.
     async fn open(&self, _query: &crate::sink::QueryIdentity) -> Result<(), BoxError> {
         Ok(())
     }

@@ -105,7 +105,10 @@ pub trait Source: Send + Sync {
         false
     }
 
-    /// Called once before any other method. A source that keeps its own log opens it here.
+    /// Called before any other method. A source that keeps its own log opens it here. It is
+    /// called again when the query starts over in the same process after a failure that
+    /// may pass (`engine::retry`): the source then starts from its log as a new process
+    /// would, forgetting what it planned or queued since.
     async fn open(&self, _init: &SourceInit) -> Result<()> {
         Ok(())
     }

@@ -540,7 +540,9 @@ impl PostgresUpsert {
 #[async_trait]
 impl ForeachBatch for PostgresUpsert {
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
-        Ok(self.upsert(batch, &ctx).await?)
+        self.upsert(batch, &ctx)
+            .await
+            .map_err(PostgresSinkError::boxed)
     }
 
     /// Everything but the COMMIT, beside the sinks before this one in a fan-out: rows
@@ -550,7 +552,10 @@ impl ForeachBatch for PostgresUpsert {
     async fn stage(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
         // One left by an attempt that never reached its call is rolled back first.
         drop(self.staged.lock().await.take());
-        let open = self.open(batch, &ctx).await?;
+        let open = self
+            .open(batch, &ctx)
+            .await
+            .map_err(PostgresSinkError::boxed)?;
         *self.staged.lock().await = Some(open);
         Ok(())
     }
@@ -567,7 +572,9 @@ impl ForeachBatch for PostgresUpsert {
         ctx: BatchContext,
         run: &dyn PlanRunner,
     ) -> Result<(), BoxError> {
-        Ok(self.upsert_on_workers(batch, &ctx, run).await?)
+        self.upsert_on_workers(batch, &ctx, run)
+            .await
+            .map_err(PostgresSinkError::boxed)
     }
 
     async fn discard(&self, ctx: BatchContext) {

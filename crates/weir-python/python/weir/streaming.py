@@ -253,12 +253,15 @@ class DataStreamWriter:
         self._name = None
         self._checkpoint = None
         self._state_partitions = None
+        self._retry = {}
         self._trigger = "0"
 
     def foreach_batch(self, func):
         """``func(batch, batch_id)`` runs once per attempt of each batch; the batch is
         committed when it returns. An exception stops the query; the batch runs again
-        (same rows, same id) on the next start."""
+        (same rows, same id) on the next start. A ``ConnectionError`` or ``TimeoutError``
+        (a server down, a connection cut) runs the batch again after a pause instead, as
+        the ``retry*`` options say (default: 10 runs, pauses from 1 s doubling up to 60 s)."""
         if not callable(func):
             raise ConfigError("foreach_batch needs a function (batch, batch_id)")
         if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func) \
@@ -293,9 +296,19 @@ class DataStreamWriter:
             if isinstance(value, bool) or int(value) != value or int(value) < 1:
                 raise ConfigError(f"writer option '{key}' must be a whole number of at least 1")
             self._state_partitions = int(value)
+        elif key == "retryAttempts":
+            # Runs of a batch that fails with an error that may pass (ConnectionError,
+            # TimeoutError, a server down) before the query stops; 1: no retry.
+            if isinstance(value, bool) or int(value) != value or int(value) < 1:
+                raise ConfigError(f"writer option '{key}' must be a whole number of at least 1")
+            self._retry["attempts"] = int(value)
+        elif key in ("retryInitial", "retryMax"):
+            # The first pause between runs, doubling up to the longest: "500ms", "30s", "1m".
+            self._retry["initial" if key == "retryInitial" else "max"] = str(value)
         else:
             raise ConfigError(
-                f"unknown writer option '{key}' (known: checkpointLocation, statePartitions)"
+                f"unknown writer option '{key}' (known: checkpointLocation, statePartitions, "
+                "retryAttempts, retryInitial, retryMax)"
             )
         return self
 
@@ -347,6 +360,7 @@ class DataStreamWriter:
             "checkpoint": self._checkpoint,
             "trigger": self._trigger,
             "state-partitions": self._state_partitions,
+            "retry": self._retry,
             "base": os.getcwd(),
         })
 

@@ -1,0 +1,201 @@
+//! A server down under a running query: the query stays up and says why it is not ready
+//! (`/readyz`, `/api/status`, `/metrics`), runs the failed batch again from its checkpoint
+//! after pauses, and once the server is back every row lands once (`[query] retry`).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use weir_core::datafusion::prelude::{JsonReadOptions, SessionContext};
+use weir_testkit::service::free_port;
+use weir_testkit::{rows, start_postgres, temp_dir};
+
+use crate::{bin, gen_orders, pipeline, progress_batches, weir_cli_schema};
+
+/// GET `url` with curl: (HTTP status, body).
+fn get(url: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The driver, killed if the test ends before it does.
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Every row of `input`, newest per order id: what the upsert table must hold.
+async fn newest_per_key(input: &Path) -> Vec<String> {
+    let ctx = SessionContext::new();
+    let all = ctx
+        .read_json(
+            input.to_str().unwrap(),
+            JsonReadOptions::default()
+                .schema(&weir_cli_schema())
+                .file_extension(".json"),
+        )
+        .await
+        .unwrap();
+    let newest = weir_core::dedupe_latest(all, &["order_id".to_string()], "updated_at")
+        .unwrap()
+        .select_columns(&["order_id", "status", "amount"])
+        .unwrap();
+    rows(newest).await
+}
+
+/// `pg_ctl stop` for several seconds under a running query (files into a PostgreSQL
+/// upsert): the process stays up, `/readyz` is 503 naming the batch and the error, the
+/// status names the next run, the retries are counted; with the server started again the
+/// query finishes by itself, every batch committed once, the table equal to the newest row
+/// per key over all input and the ledger holding each batch once.
+#[tokio::test]
+async fn a_postgres_outage_under_a_running_query_is_waited_out_and_every_row_lands_once() {
+    // A server of this test's own: stopping it touches no other test.
+    let pg = start_postgres("127.0.0.1", free_port());
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 30, 40, 50);
+    let table = "outage_orders";
+    let sinks = format!(
+        "[[sink]]\ntype = \"postgres-upsert\"\nurl = \"{}\"\ntable = \"{table}\"\n\
+         keys = [\"order_id\"]\nordering = \"updated_at\"\ncreate-table = true\n",
+        pg.url
+    );
+    let p = pipeline(dir.path(), &sinks);
+    let text = std::fs::read_to_string(&p).unwrap().replace(
+        "trigger = \"available-now\"",
+        "trigger = \"available-now\"\nretry = { attempts = 100, initial = \"200ms\", max = \"1s\" }",
+    );
+    std::fs::write(&p, text).unwrap();
+    let progress = dir.path().join("progress.jsonl");
+    let stderr_path = dir.path().join("stderr.txt");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let child = Command::new(bin())
+        .args(["run", p.to_str().unwrap(), "--progress"])
+        .arg(&progress)
+        .arg("--http")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let mut driver = Driver(child);
+    let stderr = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    wait_until("3 batches", Duration::from_secs(120), || {
+        progress_batches(&progress).len() >= 3
+    });
+    pg.stop();
+    // The outage, seen from outside.
+    let mut ready = String::new();
+    wait_until(
+        "/readyz to say the query retries",
+        Duration::from_secs(60),
+        || {
+            let (code, body) = get(&format!("{base}/readyz"));
+            ready = body;
+            code == 503 && ready.contains("retrying")
+        },
+    );
+    assert!(ready.contains("batch "), "{ready}");
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        driver.0.try_wait().unwrap().is_none(),
+        "the query ended during the outage:\n{}",
+        stderr()
+    );
+    let (code, body) = get(&format!("{base}/api/status"));
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["phase"], "retrying", "{status}");
+    assert_eq!(status["ready"], false, "{status}");
+    let failing = status["nextAttempt"]["batchId"].as_u64().unwrap();
+    assert!(failing >= 3, "{status}");
+    assert!(
+        status["nextAttempt"]["failed"].as_u64().unwrap() >= 2,
+        "{status}"
+    );
+    assert!(
+        status["lastError"].as_str().unwrap().contains(table),
+        "{status}"
+    );
+    let (_, metrics) = get(&format!("{base}/metrics"));
+    let retries: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("weir_query_retries_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(retries >= 2.0, "{metrics}");
+    let before = progress_batches(&progress);
+    assert_eq!(
+        before,
+        (0..failing).collect::<Vec<u64>>(),
+        "no batch committed during the outage"
+    );
+
+    pg.start();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = driver.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "the query did not finish after the outage:\n{}",
+            stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{}", stderr());
+    assert!(
+        stderr().contains("may pass"),
+        "the retries are logged:\n{}",
+        stderr()
+    );
+    assert_eq!(
+        progress_batches(&progress),
+        (0..30).collect::<Vec<u64>>(),
+        "each batch committed once"
+    );
+    let got = weir_testkit::pg_rows(
+        &pg.url,
+        &format!("SELECT order_id::text, status, amount::text FROM {table}"),
+    )
+    .await;
+    let want = newest_per_key(&input).await;
+    assert_eq!(got.len(), want.len());
+    assert_eq!(
+        got, want,
+        "the table is the newest row per key over all input"
+    );
+    let ledger = weir_testkit::pg_rows(
+        &pg.url,
+        &format!(
+            "SELECT batch_id::text FROM {}",
+            weir_postgres::DEFAULT_LEDGER
+        ),
+    )
+    .await;
+    let mut want_ledger: Vec<String> = (0..30).map(|b: u64| b.to_string()).collect();
+    want_ledger.sort();
+    assert_eq!(ledger, want_ledger, "the ledger holds each batch once");
+}
