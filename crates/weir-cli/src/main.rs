@@ -105,6 +105,12 @@ enum CheckpointCommand {
     Show { dir: String },
 }
 
+/// Whether log lines carry ANSI colours: stderr is a terminal and `NO_COLOR` is unset or
+/// empty.
+fn colour_on(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn main() -> ExitCode {
     let malloc = malloc::limit_retention();
     let cli = Cli::parse();
@@ -118,7 +124,13 @@ fn main() -> ExitCode {
                 )
             }),
         )
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, and never under NO_COLOR
+        // (https://no-color.org): a log file or a collector gets plain text.
+        .with_ansi(colour_on(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR"),
+        ));
     match cli.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().with_current_span(true).init(),
@@ -337,6 +349,30 @@ impl Signals {
         tokio::select! {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour_on;
+
+    #[test]
+    fn log_lines_are_coloured_only_at_a_terminal_without_no_color() {
+        let cases = [
+            (true, None, true),
+            (false, None, false),
+            (true, Some("1"), false),
+            (false, Some("1"), false),
+            // An empty NO_COLOR does not count (no-color.org).
+            (true, Some(""), true),
+        ];
+        for (terminal, no_color, want) in cases {
+            assert_eq!(
+                colour_on(terminal, no_color.map(std::ffi::OsString::from)),
+                want,
+                "terminal {terminal}, NO_COLOR {no_color:?}"
+            );
         }
     }
 }
