@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use weir_core::engine::{
-    DURATION_PHASES, FallingBehind, QueryIdle, QueryListener, QueryRetrying, QueryStarted,
-    QueryTerminated, StreamingQueryProgress,
+    BatchStarted, DURATION_PHASES, FallingBehind, QueryIdle, QueryListener, QueryRetrying,
+    QueryStarted, QueryTerminated, StreamingQueryProgress,
 };
 use weir_core::sink::{CACHE_DURATION_KEY, SinkMetric};
 
@@ -554,6 +554,15 @@ impl QueryListener for Monitor {
         });
     }
 
+    fn on_batch_started(&self, _e: &BatchStarted) {
+        self.with(|s| {
+            // A batch after a quiet spell: the stall limit counts from its start, and the
+            // query is not idle while it runs.
+            s.idle = false;
+            s.last_activity = Instant::now();
+        });
+    }
+
     fn on_query_idle(&self, _e: &QueryIdle) {
         self.with(|s| {
             s.last_activity = Instant::now();
@@ -651,5 +660,90 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
+    }
+
+    fn started(m: &Monitor) {
+        m.on_query_started(&QueryStarted {
+            id: uuid::Uuid::nil(),
+            run_id: uuid::Uuid::nil(),
+            name: "q".into(),
+            first_batch_id: 0,
+            replay: false,
+        });
+    }
+
+    /// A batch that starts after a quiet spell and then hangs (its server frozen) makes the
+    /// query unready once the stall limit has passed: idle does not excuse a batch in
+    /// progress.
+    #[test]
+    fn a_batch_that_hangs_after_an_idle_spell_fails_readiness_after_the_stall_limit() {
+        let m = Monitor::new("q", Duration::ZERO, Duration::from_millis(50));
+        started(&m);
+        m.on_query_idle(&QueryIdle {
+            id: uuid::Uuid::nil(),
+            run_id: uuid::Uuid::nil(),
+            next_batch_id: 4,
+        });
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(m.status().ready, "idle, waiting for data: {:?}", m.status());
+        m.on_batch_started(&BatchStarted {
+            id: uuid::Uuid::nil(),
+            run_id: uuid::Uuid::nil(),
+            batch_id: 4,
+        });
+        assert!(m.status().ready, "a batch just started");
+        std::thread::sleep(Duration::from_millis(80));
+        let s = m.status();
+        assert!(!s.ready && s.reason.contains("no batch ended"), "{s:?}");
+    }
+
+    /// Between runs of a failing batch the query is up but not ready, and says why and
+    /// when the next run starts; a batch that commits makes it active again.
+    #[test]
+    fn a_retrying_query_is_up_not_ready_and_names_the_batch_error_and_next_run() {
+        let m = Monitor::new("q", Duration::ZERO, Duration::from_secs(60));
+        started(&m);
+        m.on_query_retrying(&QueryRetrying {
+            id: uuid::Uuid::nil(),
+            run_id: uuid::Uuid::nil(),
+            name: "q".into(),
+            batch_id: Some(4),
+            failed: 2,
+            attempts: 10,
+            error: "connection refused".into(),
+            pause_ms: 30_000,
+        });
+        let s = m.status();
+        assert_eq!(s.phase, Phase::Retrying);
+        assert!(!s.ready);
+        assert!(
+            s.reason
+                .contains("batch 4 failed (2 of 10 runs): connection refused")
+                && s.reason.contains("next run in 30 s"),
+            "{}",
+            s.reason
+        );
+        assert_eq!(s.next_attempt.as_ref().map(|n| n.batch_id), Some(Some(4)));
+        let mut out = crate::expo::Exposition::new();
+        m.render(&mut out);
+        let text = out.finish();
+        assert!(
+            text.contains("weir_query_retries_total{query=\"q\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("weir_query_up{query=\"q\"} 1"), "{text}");
+        // The run after the pause starts: still retrying until a batch gets through.
+        started(&m);
+        assert_eq!(m.status().phase, Phase::Retrying);
+        m.on_query_idle(&QueryIdle {
+            id: uuid::Uuid::nil(),
+            run_id: uuid::Uuid::nil(),
+            next_batch_id: 5,
+        });
+        let s = m.status();
+        assert!(
+            s.ready && s.phase == Phase::Active && s.next_attempt.is_none(),
+            "{s:?}"
+        );
     }
 }

@@ -18,9 +18,9 @@ pub mod trigger;
 
 pub use cluster::{Cluster, ClusterRun, WorkerTasks};
 pub use progress::{
-    BehindDetector, ClusterProgress, DURATION_PHASES, FallingBehind, Phase, QueryIdle,
-    QueryListener, QueryRetrying, QueryStarted, QueryTerminated, SinkProgress, SourceProgress,
-    StreamingQueryProgress,
+    BatchStarted, BehindDetector, ClusterProgress, DURATION_PHASES, FallingBehind, Phase,
+    QueryIdle, QueryListener, QueryRetrying, QueryStarted, QueryTerminated, SinkProgress,
+    SourceProgress, StreamingQueryProgress,
 };
 pub use query::StreamingQuery;
 pub use retry::RetryPolicy;

@@ -228,9 +228,20 @@ pub trait QueryListener: Send + Sync {
     fn on_query_idle(&self, _event: &QueryIdle) {}
     fn on_query_terminated(&self, _event: &QueryTerminated) {}
     fn on_falling_behind(&self, _event: &FallingBehind) {}
+    /// Batch `batch_id` starts (its offsets are planned or recovered).
+    fn on_batch_started(&self, _event: &BatchStarted) {}
     /// A run of the query failed with an error that may pass; it starts again from its
     /// checkpoint after the pause (`engine::retry`).
     fn on_query_retrying(&self, _event: &QueryRetrying) {}
+}
+
+/// A batch starts: the query is no longer idle, and the batch should end within the
+/// stall limit.
+#[derive(Debug, Clone)]
+pub struct BatchStarted {
+    pub id: uuid::Uuid,
+    pub run_id: uuid::Uuid,
+    pub batch_id: u64,
 }
 
 /// The query failed with an error that may pass and runs again after `pause_ms`: failure

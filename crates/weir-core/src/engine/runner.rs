@@ -34,7 +34,9 @@ use tokio::time::Instant;
 
 use super::batch::{self, Ahead, ReadRows, Steps, read_ahead, read_rows};
 use super::cluster::{Cluster, OnCluster, WorkerTasks, run_and_hold};
-use super::progress::{BehindDetector, Durations, Phase, QueryIdle, QueryListener, QueryStarted};
+use super::progress::{
+    BatchStarted, BehindDetector, Durations, Phase, QueryIdle, QueryListener, QueryStarted,
+};
 use super::query::Shared;
 use super::report::{self, Range, Timing};
 use super::stateful::EventTime;
@@ -334,6 +336,13 @@ impl Runner {
             };
             idle_reported = false;
             ran_a_batch = true;
+            for l in &self.spec.listeners {
+                l.on_batch_started(&BatchStarted {
+                    id: self.shared.id,
+                    run_id: self.shared.run_id,
+                    batch_id: id,
+                });
+            }
             let Ran {
                 rows,
                 metrics,
