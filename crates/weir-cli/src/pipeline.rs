@@ -48,6 +48,7 @@ use weir_cluster::{ClusterConfig, WeirCluster};
 use weir_core::connector::{BuildEnv, DurationText, SinkShape, secret};
 use weir_core::datafusion::arrow::datatypes::Schema;
 use weir_core::engine::{Transform, TransformOutput};
+use weir_core::sink::WithTimeout;
 use weir_core::storage::StorageOptions;
 use weir_core::{DataStreamWriter, FanOut, ForeachBatch, RetryPolicy, Trigger, WeirSession};
 
@@ -419,7 +420,14 @@ impl Pipeline {
         let env = self.env()?;
         self.sinks
             .iter()
-            .map(|s| Ok((s.spec().label(&env), s.spec().build(&env)?)))
+            .map(|s| {
+                let (name, sink) = (s.spec().label(&env), s.spec().build(&env)?);
+                let sink: Arc<dyn ForeachBatch> = match s.timeout() {
+                    Some(after) => Arc::new(WithTimeout::new(sink, name.clone(), after)),
+                    None => sink,
+                };
+                Ok((name, sink))
+            })
             .collect()
     }
 

@@ -206,6 +206,20 @@ pub enum Error {
     #[error("internal error: {what}")]
     Internal { what: String },
 
+    /// A write took longer than its `timeout` and was cancelled (its future dropped: a
+    /// transaction not committed rolls back, a commit not made is not made). It may pass:
+    /// the batch runs again after a pause.
+    #[error(
+        "sink {sink}: batch {batch_id}: {what} took longer than its timeout of {after_ms} ms and \
+         was cancelled"
+    )]
+    TimedOut {
+        sink: String,
+        batch_id: u64,
+        what: &'static str,
+        after_ms: u64,
+    },
+
     /// The cluster the query runs on refused or failed it (no worker reachable, a worker
     /// of another version or without the token, a task that failed on a worker).
     #[error("cluster: {reason}")]
@@ -385,7 +399,9 @@ pub fn is_transient(e: &(dyn std::error::Error + 'static)) -> bool {
     use std::io::ErrorKind::*;
     let mut cur = Some(e);
     while let Some(err) = cur {
-        if err.downcast_ref::<Transient>().is_some() {
+        if err.downcast_ref::<Transient>().is_some()
+            || matches!(err.downcast_ref::<Error>(), Some(Error::TimedOut { .. }))
+        {
             return true;
         }
         if let Some(io) = err.downcast_ref::<std::io::Error>()

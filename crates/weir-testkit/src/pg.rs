@@ -46,6 +46,36 @@ impl PgServer {
         );
     }
 
+    /// Freezes the server (SIGSTOP to the postmaster and every backend): connections stay
+    /// open and new ones are accepted by the kernel, but nothing answers.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid_file = std::path::Path::new(&self.ctl().data).join("postmaster.pid");
+        let text = std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+        let pid = text.lines().next().unwrap_or_default().trim().to_string();
+        // The backends first, so that the postmaster cannot notice them stop.
+        let _ = Command::new("pkill")
+            .args([&format!("-{sig}"), "-P", &pid])
+            .status();
+        run(
+            {
+                let mut c = Command::new("kill");
+                c.args([&format!("-{sig}"), &pid]);
+                c
+            },
+            "kill",
+        );
+    }
+
     /// Starts the stopped server again, on the same address and data.
     pub fn start(&self) {
         let c = self.ctl();

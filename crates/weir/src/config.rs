@@ -13,8 +13,8 @@ use std::marker::PhantomData;
 
 use serde::{Deserialize, Serialize};
 use weir_core::connector::{
-    BuildEnv, FilesConfig, ParquetConfig, RateConfig, SinkConnector, SinkHarness, SinkSpec,
-    SourceConnector, SourceHarness, SourceSpec,
+    BuildEnv, DurationText, FilesConfig, ParquetConfig, RateConfig, SinkConnector, SinkHarness,
+    SinkSpec, SourceConnector, SourceHarness, SourceSpec,
 };
 use weir_core::sink::{PlanNodes, WriteKind};
 use weir_core::source::leaf::ScanKind;
@@ -82,7 +82,7 @@ impl<C: SinkConnector> SinkKind for Kind<C> {
 
     fn parse(&self, table: toml::Table) -> std::result::Result<SinkConfig, toml::de::Error> {
         let config: C = toml::Value::Table(table).try_into()?;
-        Ok(SinkConfig(Box::new(config)))
+        Ok(SinkConfig(Box::new(config), None))
     }
 }
 
@@ -93,7 +93,7 @@ impl<C: SourceConnector> SourceKind for Kind<C> {
 
     fn parse(&self, table: toml::Table) -> std::result::Result<SourceConfig, toml::de::Error> {
         let config: C = toml::Value::Table(table).try_into()?;
-        Ok(SourceConfig(Box::new(config)))
+        Ok(SourceConfig(Box::new(config), None))
     }
 }
 
@@ -140,14 +140,15 @@ impl<C: SourceConnector> AnySource for C {
 }
 
 /// `[[sink]] type = ...`: a sink kind's config, whichever it is.
-pub struct SinkConfig(Box<dyn AnySink>);
+/// Its `timeout`, a key every sink takes, is kept beside the connector's own config.
+pub struct SinkConfig(Box<dyn AnySink>, Option<DurationText>);
 
 /// `[source] type = ...`: a source kind's config, whichever it is.
-pub struct SourceConfig(Box<dyn AnySource>);
+pub struct SourceConfig(Box<dyn AnySource>, Option<DurationText>);
 
 /// The accessors and serde impls both erased configs share.
 macro_rules! erased_config {
-    ($config:ident, $spec:ident, $harness:ident, $registry:ident, $what:literal) => {
+    ($config:ident, $spec:ident, $harness:ident, $registry:ident, $what:literal, $timeout:literal) => {
         impl $config {
             /// The kind, as written in `type = "..."`.
             pub fn kind(&self) -> &'static str {
@@ -176,6 +177,15 @@ macro_rules! erased_config {
                     Some(other) => return Err(format!("`type` must be a string, not {other}")),
                     None => return Err("missing field `type`".into()),
                 };
+                // A key of every connector of this kind, read here (left in the table, it is
+                // an unknown field of the connector's).
+                let timeout = match $timeout.then(|| table.remove("timeout")).flatten() {
+                    None => None,
+                    Some(v) => Some(
+                        DurationText::deserialize(v)
+                            .map_err(|e| format!("{} in `timeout`", e.to_string().trim_end()))?,
+                    ),
+                };
                 let Some(entry) = $registry.iter().find(|k| k.kind() == tag) else {
                     let known: Vec<_> = $registry
                         .iter()
@@ -187,15 +197,22 @@ macro_rules! erased_config {
                         known.join(", ")
                     ));
                 };
-                entry
+                let mut config = entry
                     .parse(table)
-                    .map_err(|e| e.to_string().trim_end().to_string())
+                    .map_err(|e| e.to_string().trim_end().to_string())?;
+                config.1 = timeout;
+                Ok(config)
+            }
+
+            /// `timeout`: how long a batch's write may take before it is cancelled.
+            pub fn timeout(&self) -> Option<std::time::Duration> {
+                self.1.map(|t| t.0)
             }
         }
 
         impl Clone for $config {
             fn clone(&self) -> Self {
-                $config(self.0.clone_box())
+                $config(self.0.clone_box(), self.1)
             }
         }
 
@@ -215,6 +232,12 @@ macro_rules! erased_config {
                 let mut table = toml::Table::new();
                 table.insert("type".into(), toml::Value::String(self.kind().into()));
                 table.extend(self.0.table().map_err(S::Error::custom)?);
+                if let Some(t) = &self.1 {
+                    table.insert(
+                        "timeout".into(),
+                        toml::Value::try_from(t).map_err(S::Error::custom)?,
+                    );
+                }
                 table.serialize(s)
             }
         }
@@ -233,8 +256,15 @@ macro_rules! erased_config {
     };
 }
 
-erased_config!(SinkConfig, SinkSpec, SinkHarness, SINKS, "sink");
-erased_config!(SourceConfig, SourceSpec, SourceHarness, SOURCES, "source");
+erased_config!(SinkConfig, SinkSpec, SinkHarness, SINKS, "sink", true);
+erased_config!(
+    SourceConfig,
+    SourceSpec,
+    SourceHarness,
+    SOURCES,
+    "source",
+    false
+);
 
 impl SourceConfig {
     /// The source built on `session`, with the read limits its config sets.

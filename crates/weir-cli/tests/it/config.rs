@@ -31,6 +31,10 @@ fn bad_pipelines_are_refused_naming_the_key() {
             "in `keys`",
         ),
         ("[[sink]]\npath = \"out\"\n", "missing field `type`"),
+        (
+            "[[sink]]\ntype = \"parquet\"\npath = \"out\"\ntimeout = \"soon\"\n",
+            "in `timeout`",
+        ),
     ];
     for (sinks, want) in cases {
         let p = pipeline(dir.path(), sinks);

@@ -60,6 +60,15 @@ async fn newest_per_key(input: &Path) -> Vec<String> {
     rows(newest).await
 }
 
+/// What happens to the server under the running query.
+#[derive(Clone, Copy, PartialEq)]
+enum Outage {
+    /// `pg_ctl stop -m fast`, later `pg_ctl start`.
+    Down,
+    /// SIGSTOP to every server process, later SIGCONT: nothing answers, nothing fails.
+    Frozen,
+}
+
 /// `pg_ctl stop` for several seconds under a running query (files into a PostgreSQL
 /// upsert): the process stays up, `/readyz` is 503 naming the batch and the error, the
 /// status names the next run, the retries are counted; with the server started again the
@@ -67,16 +76,36 @@ async fn newest_per_key(input: &Path) -> Vec<String> {
 /// per key over all input and the ledger holding each batch once.
 #[tokio::test]
 async fn a_postgres_outage_under_a_running_query_is_waited_out_and_every_row_lands_once() {
+    through_an_outage(Outage::Down).await;
+}
+
+/// The same with the server frozen (SIGSTOP) instead: the sink's `timeout` cancels the
+/// write that hangs (its transaction never commits), the batch runs again after a pause
+/// until the server answers, and every row lands once.
+#[tokio::test]
+async fn a_frozen_postgres_times_the_write_out_and_every_row_lands_once_after_it_thaws() {
+    through_an_outage(Outage::Frozen).await;
+}
+
+async fn through_an_outage(outage: Outage) {
     // A server of this test's own: stopping it touches no other test.
     let pg = start_postgres("127.0.0.1", free_port());
     let dir = temp_dir();
     let input = dir.path().join("in");
-    gen_orders(&input, 30, 40, 50);
-    let table = "outage_orders";
+    gen_orders(&input, 200, 40, 50);
+    let table = match outage {
+        Outage::Down => "outage_orders",
+        Outage::Frozen => "frozen_orders",
+    };
     let sinks = format!(
         "[[sink]]\ntype = \"postgres-upsert\"\nurl = \"{}\"\ntable = \"{table}\"\n\
-         keys = [\"order_id\"]\nordering = \"updated_at\"\ncreate-table = true\n",
-        pg.url
+         keys = [\"order_id\"]\nordering = \"updated_at\"\ncreate-table = true\n{}",
+        pg.url,
+        if outage == Outage::Frozen {
+            "timeout = \"2s\"\n"
+        } else {
+            ""
+        }
     );
     let p = pipeline(dir.path(), &sinks);
     let text = std::fs::read_to_string(&p).unwrap().replace(
@@ -103,7 +132,10 @@ async fn a_postgres_outage_under_a_running_query_is_waited_out_and_every_row_lan
     wait_until("3 batches", Duration::from_secs(120), || {
         progress_batches(&progress).len() >= 3
     });
-    pg.stop();
+    match outage {
+        Outage::Down => pg.stop(),
+        Outage::Frozen => pg.freeze(),
+    }
     // The outage, seen from outside.
     let mut ready = String::new();
     wait_until(
@@ -133,10 +165,15 @@ async fn a_postgres_outage_under_a_running_query_is_waited_out_and_every_row_lan
         status["nextAttempt"]["failed"].as_u64().unwrap() >= 2,
         "{status}"
     );
-    assert!(
-        status["lastError"].as_str().unwrap().contains(table),
-        "{status}"
-    );
+    let last_error = status["lastError"].as_str().unwrap();
+    assert!(last_error.contains(&format!("batch {failing}")), "{status}");
+    match outage {
+        Outage::Down => assert!(last_error.contains(table), "{status}"),
+        Outage::Frozen => assert!(
+            last_error.contains("took longer than its timeout of 2000 ms"),
+            "{status}"
+        ),
+    }
     let (_, metrics) = get(&format!("{base}/metrics"));
     let retries: f64 = metrics
         .lines()
@@ -152,7 +189,10 @@ async fn a_postgres_outage_under_a_running_query_is_waited_out_and_every_row_lan
         "no batch committed during the outage"
     );
 
-    pg.start();
+    match outage {
+        Outage::Down => pg.start(),
+        Outage::Frozen => pg.thaw(),
+    }
     let t = Instant::now();
     let status = loop {
         if let Some(s) = driver.0.try_wait().unwrap() {
@@ -171,9 +211,14 @@ async fn a_postgres_outage_under_a_running_query_is_waited_out_and_every_row_lan
         "the retries are logged:\n{}",
         stderr()
     );
+    assert!(
+        !stderr().contains('\x1b'),
+        "no colour codes in logs that go to a file:\n{}",
+        stderr()
+    );
     assert_eq!(
         progress_batches(&progress),
-        (0..30).collect::<Vec<u64>>(),
+        (0..200).collect::<Vec<u64>>(),
         "each batch committed once"
     );
     let got = weir_testkit::pg_rows(
@@ -195,7 +240,7 @@ async fn a_postgres_outage_under_a_running_query_is_waited_out_and_every_row_lan
         ),
     )
     .await;
-    let mut want_ledger: Vec<String> = (0..30).map(|b: u64| b.to_string()).collect();
+    let mut want_ledger: Vec<String> = (0..200).map(|b: u64| b.to_string()).collect();
     want_ledger.sort();
     assert_eq!(ledger, want_ledger, "the ledger holds each batch once");
 }

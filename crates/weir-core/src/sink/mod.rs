@@ -14,6 +14,7 @@ mod parquet_dictionary;
 mod parquet_encode;
 mod parquet_parts;
 pub mod recorded;
+mod timeout;
 pub mod upsert;
 mod worker_write;
 
@@ -34,6 +35,7 @@ pub(crate) use parquet::OWNER;
 pub use parquet::{PARQUET_BETWEEN_MOVES, PARQUET_POINTS, ParquetSink};
 pub use parquet_encode::ParquetCompression;
 pub use parquet_parts::{PARQUET_PARTS, ParquetPartsExec, PartsWrite};
+pub use timeout::WithTimeout;
 pub use upsert::{NullKeys, NullOrdering, dedupe_latest};
 pub(crate) use worker_write::WritePlanner;
 // Where the sinks (and the connectors) have always found them; they live in `error` so a
