@@ -63,6 +63,14 @@ enum Command {
         /// a minute) while the query was not waiting for data.
         #[arg(long, default_value_t = 10)]
         stall_intervals: u32,
+        /// /readyz fails while a source is more than this many records behind the last
+        /// batch's end (sources that count records: Kafka). No limit by default.
+        #[arg(long)]
+        max_records_behind: Option<u64>,
+        /// /readyz fails while a source has had a backlog for longer than this (e.g. 10m):
+        /// every batch since ended before the source's newest offset. No limit by default.
+        #[arg(long)]
+        max_behind: Option<String>,
     },
     /// Runs a worker: executes the plan stages that drivers (`weir run` of a pipeline with
     /// `[cluster]`) send. It keeps no state; stop it with SIGTERM or Ctrl-C.
@@ -174,14 +182,24 @@ async fn dispatch(command: Command) -> Result<()> {
             stop_grace,
             http,
             stall_intervals,
+            max_records_behind,
+            max_behind,
         } => {
             let grace = weir_core::engine::trigger::parse_duration("--stop-grace", &stop_grace)?;
+            let seconds = max_behind
+                .map(|t| weir_core::engine::trigger::parse_duration("--max-behind", &t))
+                .transpose()?
+                .map(|d| d.as_secs());
             let opts = RunOptions {
                 progress,
                 quiet,
                 grace,
                 http,
                 stall_intervals,
+                lag: weir_http::LagLimits {
+                    records: max_records_behind,
+                    seconds,
+                },
             };
             run_pipeline(&pipeline, &opts).await
         }
@@ -233,6 +251,7 @@ struct RunOptions {
     grace: std::time::Duration,
     http: Option<String>,
     stall_intervals: u32,
+    lag: weir_http::LagLimits,
 }
 
 async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
@@ -256,11 +275,10 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         Some(addr) => {
             let interval = std::time::Duration::from_millis(pipeline.trigger()?.interval_ms());
             let stall = (interval * opts.stall_intervals).max(std::time::Duration::from_secs(60));
-            let monitor = Arc::new(weir_http::Monitor::new(
-                &pipeline.query.name,
-                interval,
-                stall,
-            ));
+            let monitor = Arc::new(
+                weir_http::Monitor::new(&pipeline.query.name, interval, stall)
+                    .with_lag_limits(opts.lag),
+            );
             let endpoint = weir_http::serve(addr, monitor.clone()).await?;
             eprintln!(
                 "weir: monitoring at http://{} (/metrics, /healthz, /readyz, /api/progress)",

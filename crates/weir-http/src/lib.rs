@@ -29,6 +29,6 @@ mod process;
 mod server;
 
 pub use error::HttpError;
-pub use monitor::{Monitor, Phase, RECENT, Status};
+pub use monitor::{Behind, LagLimits, Monitor, NextAttempt, Phase, RECENT, Status};
 pub use process::{ProcessStats, process_stats};
 pub use server::{Endpoint, metrics_text, serve};

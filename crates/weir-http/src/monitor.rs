@@ -75,6 +75,11 @@ struct State {
     behind: bool,
     behind_fraction: f64,
     lag: BTreeMap<(String, String), i64>,
+    /// Per source: records after the last batch's end, when the source can count them.
+    records_behind: BTreeMap<String, Option<i64>>,
+    /// Per source with a backlog at the last batch (its newest offset beyond the batch's
+    /// end): since when it has had one without a break.
+    behind_since: BTreeMap<String, Instant>,
     last_error: Option<String>,
     next_attempt: Option<NextAttempt>,
     /// Runs that failed with an error that may pass and were started again.
@@ -89,7 +94,28 @@ pub struct Monitor {
     name: String,
     interval: Duration,
     stall_after: Duration,
+    limits: LagLimits,
     state: Mutex<State>,
+}
+
+/// How far behind its sources a query may be before `/readyz` fails (`None`: no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LagLimits {
+    /// Records after the last batch's end, per source (sources that count them: Kafka).
+    pub records: Option<u64>,
+    /// How long a source has had a backlog without a break (its newest offset beyond the
+    /// end of every batch since).
+    pub seconds: Option<u64>,
+}
+
+/// How far one source is behind (`/api/status`'s `sourcesBehind`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Behind {
+    /// Records after the last batch's end (`None`: the source does not count them).
+    pub records: Option<i64>,
+    /// Seconds it has had a backlog without a break (0: none at the last batch).
+    pub seconds: u64,
 }
 
 /// The query's state as `/api/status` gives it (and the page shows it).
@@ -110,6 +136,8 @@ pub struct Status {
     pub last_error: Option<String>,
     /// While retrying: the next run.
     pub next_attempt: Option<NextAttempt>,
+    /// Per source: how far behind it the query is.
+    pub sources_behind: BTreeMap<String, Behind>,
     /// Records behind the newest offset, per `topic/partition`.
     pub kafka_lag: BTreeMap<String, i64>,
 }
@@ -152,6 +180,26 @@ fn kafka_lag(
     out
 }
 
+/// Per source: records behind (if counted) and seconds with a backlog.
+fn sources_behind(s: &State) -> BTreeMap<String, Behind> {
+    s.records_behind
+        .iter()
+        .map(|(source, records)| {
+            let seconds = s
+                .behind_since
+                .get(source)
+                .map_or(0, |since| since.elapsed().as_secs());
+            (
+                source.clone(),
+                Behind {
+                    records: *records,
+                    seconds,
+                },
+            )
+        })
+        .collect()
+}
+
 impl Monitor {
     /// A monitor for query `name` with trigger interval `interval` (zero for `0`,
     /// available-now and once). `/readyz` fails when no batch ended and no trigger found the
@@ -162,6 +210,7 @@ impl Monitor {
             name: name.to_string(),
             interval,
             stall_after,
+            limits: LagLimits::default(),
             state: Mutex::new(State {
                 phase: Phase::Starting,
                 query_id: None,
@@ -181,12 +230,20 @@ impl Monitor {
                 behind: false,
                 behind_fraction: 0.7,
                 lag: BTreeMap::new(),
+                records_behind: BTreeMap::new(),
+                behind_since: BTreeMap::new(),
                 last_error: None,
                 next_attempt: None,
                 retried: 0,
                 recent_json: VecDeque::new(),
             }),
         }
+    }
+
+    /// `/readyz` also fails while a source is further behind than `limits`.
+    pub fn with_lag_limits(mut self, limits: LagLimits) -> Monitor {
+        self.limits = limits;
+        self
     }
 
     /// The query's name (a label of every metric).
@@ -256,7 +313,10 @@ impl Monitor {
                         stall.as_secs()
                     ),
                 ),
-                Phase::Active => (true, "running".to_string()),
+                Phase::Active => match self.too_far_behind(s) {
+                    Some(why) => (false, why),
+                    None => (true, "running".to_string()),
+                },
             };
             Status {
                 name: self.name.clone(),
@@ -272,6 +332,7 @@ impl Monitor {
                 behind_fraction: s.behind_fraction,
                 last_error: s.last_error.clone(),
                 next_attempt: s.next_attempt.clone(),
+                sources_behind: sources_behind(s),
                 kafka_lag: s
                     .lag
                     .iter()
@@ -293,8 +354,33 @@ impl Monitor {
             behind_fraction: 0.0,
             last_error: None,
             next_attempt: None,
+            sources_behind: BTreeMap::new(),
             kafka_lag: BTreeMap::new(),
         })
+    }
+
+    /// Why a source is further behind than the limits allow, if one is.
+    fn too_far_behind(&self, s: &State) -> Option<String> {
+        for (source, b) in sources_behind(s) {
+            if let (Some(limit), Some(records)) = (self.limits.records, b.records)
+                && records > 0
+                && records as u64 > limit
+            {
+                return Some(format!(
+                    "{records} records behind {source} (more than {limit})"
+                ));
+            }
+            if let Some(limit) = self.limits.seconds
+                && b.seconds > limit
+            {
+                return Some(format!(
+                    "behind {source} for {} s (more than {limit} s): every batch since ended \
+                     before its newest offset",
+                    b.seconds
+                ));
+            }
+        }
+        None
     }
 
     /// The metrics in Prometheus' text format (without the `process_` ones).
@@ -454,6 +540,34 @@ impl Monitor {
                     at,
                 );
             }
+            let behind = sources_behind(s);
+            out.help(
+                "weir_source_records_behind",
+                "gauge",
+                "Records after the last batch's end, per source that counts them (Kafka)",
+            );
+            for (source, b) in &behind {
+                if let Some(r) = b.records {
+                    out.sample(
+                        "weir_source_records_behind",
+                        &[("query", &self.name), ("source", source)],
+                        r as f64,
+                    );
+                }
+            }
+            out.help(
+                "weir_source_seconds_behind",
+                "gauge",
+                "Seconds a source has had a backlog without a break (its newest offset beyond \
+                 every batch's end since); 0 when the last batch caught up",
+            );
+            for (source, b) in &behind {
+                out.sample(
+                    "weir_source_seconds_behind",
+                    &[("query", &self.name), ("source", source)],
+                    b.seconds as f64,
+                );
+            }
             out.help(
                 "weir_kafka_records_behind",
                 "gauge",
@@ -501,6 +615,27 @@ impl QueryListener for Monitor {
             for source in &p.sources {
                 *s.input_rows.entry(source.description.clone()).or_default() +=
                     source.num_input_rows;
+                let lag = kafka_lag(source.end_offset.as_ref(), source.latest_offset.as_ref());
+                let records = (!lag.is_empty()).then(|| lag.iter().map(|(_, l)| l).sum::<i64>());
+                s.records_behind.insert(source.description.clone(), records);
+                let backlog = source
+                    .latest_offset
+                    .as_ref()
+                    .is_some_and(|latest| Some(latest) != source.end_offset.as_ref())
+                    || records.is_some_and(|r| r > 0)
+                    // A file source's files listed and not yet taken.
+                    || source
+                        .metrics
+                        .get("numFilesQueued")
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .is_some_and(|n| n > 0);
+                if backlog {
+                    s.behind_since
+                        .entry(source.description.clone())
+                        .or_insert_with(Instant::now);
+                } else {
+                    s.behind_since.remove(&source.description);
+                }
                 for (k, lag) in kafka_lag(source.end_offset.as_ref(), source.latest_offset.as_ref())
                 {
                     s.lag.insert(k, lag);
@@ -744,6 +879,67 @@ mod tests {
         assert!(
             s.ready && s.phase == Phase::Active && s.next_attempt.is_none(),
             "{s:?}"
+        );
+    }
+
+    /// A Kafka backlog over `records` turns the query unready, naming the source and the
+    /// count; a batch that catches up makes it ready again and zeroes the backlog's age.
+    #[test]
+    fn records_behind_a_kafka_source_over_the_limit_fail_readiness() {
+        let m =
+            Monitor::new("q", Duration::ZERO, Duration::from_secs(60)).with_lag_limits(LagLimits {
+                records: Some(10_000),
+                seconds: None,
+            });
+        started(&m);
+        let batch = |end: i64, latest: i64| -> StreamingQueryProgress {
+            serde_json::from_value(serde_json::json!({
+                "id": uuid::Uuid::nil(), "runId": uuid::Uuid::nil(), "name": "q",
+                "timestamp": "2026-12-07T00:00:00.000Z", "batchId": 0,
+                "batchDuration": 1, "numInputRows": 1,
+                "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0,
+                "durationMs": {}, "stateOperators": [],
+                "sources": [{
+                    "description": "KafkaV2[Subscribe[orders]]",
+                    "startOffset": {"orders": {"0": 0, "1": 0}},
+                    "endOffset": {"orders": {"0": end, "1": end}},
+                    "latestOffset": {"orders": {"0": latest, "1": latest}},
+                    "numInputRows": 1, "inputRowsPerSecond": 0.0,
+                    "processedRowsPerSecond": 0.0, "metrics": {}
+                }],
+                "sink": {"description": "ForeachBatchSink", "numOutputRows": -1},
+            }))
+            .unwrap()
+        };
+        m.on_query_progress(&batch(100, 9_353));
+        let s = m.status();
+        assert!(
+            !s.ready
+                && s.reason == "18506 records behind KafkaV2[Subscribe[orders]] (more than 10000)",
+            "{s:?}"
+        );
+        assert_eq!(
+            s.sources_behind["KafkaV2[Subscribe[orders]]"].records,
+            Some(18_506)
+        );
+        let mut out = crate::expo::Exposition::new();
+        m.render(&mut out);
+        let text = out.finish();
+        assert!(
+            text.contains(
+                "weir_source_records_behind{query=\"q\",source=\"KafkaV2[Subscribe[orders]]\"} 18506"
+            ),
+            "{text}"
+        );
+        m.on_query_progress(&batch(9_353, 9_353));
+        let s = m.status();
+        assert!(s.ready, "{s:?}");
+        assert_eq!(
+            s.sources_behind["KafkaV2[Subscribe[orders]]"],
+            Behind {
+                records: Some(0),
+                seconds: 0
+            }
         );
     }
 }

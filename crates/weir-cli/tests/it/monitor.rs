@@ -33,6 +33,11 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 /// `weir run` on `files` files of 5 orders, one file per 200 ms trigger, serving on a free
 /// port; returns the child and the base URL.
 fn start(dir: &Path, files: usize) -> (Child, String) {
+    start_with(dir, files, &[])
+}
+
+/// `start` with more `weir run` arguments.
+fn start_with(dir: &Path, files: usize, args: &[&str]) -> (Child, String) {
     gen_orders(&dir.join("in"), files, 5, 3);
     let p = pipeline(dir, "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
     let text = std::fs::read_to_string(&p)
@@ -43,6 +48,7 @@ fn start(dir: &Path, files: usize) -> (Child, String) {
     let child = Command::new(bin())
         .args(["run", p.to_str().unwrap(), "--quiet", "--http"])
         .arg(format!("127.0.0.1:{port}"))
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -266,4 +272,79 @@ fn the_readme_scrape_config_passes_promtool() {
         n += 1;
     }
     assert!(n > 0, "no yaml block in the README");
+}
+
+/// The example alert rules pass `promtool check rules` and their unit tests (each alert
+/// fires when and only when it should), and every metric they use is one a running query
+/// serves.
+#[test]
+fn the_example_alert_rules_pass_promtool_and_use_metrics_weir_serves() {
+    let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs");
+    for args in [
+        ["check", "rules", "prometheus-alerts.yml"],
+        ["test", "rules", "prometheus-alerts.test.yml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(docs)
+            .output()
+            .expect("promtool (.ci/run installs the prometheus package)");
+        assert!(out.status.success(), "promtool {args:?}: {out:?}");
+    }
+    let rules = std::fs::read_to_string(format!("{docs}/prometheus-alerts.yml")).unwrap();
+    let used: std::collections::BTreeSet<&str> = rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("weir_"))
+        .collect();
+    assert!(used.len() >= 4, "{used:?}");
+    let dir = temp_dir();
+    let (child, base) = start(dir.path(), 10);
+    let _stop = Stop(child);
+    wait_until("a batch", Duration::from_secs(60), || {
+        !progress(&base).is_empty()
+    });
+    let (_, metrics) = get(&format!("{base}/metrics"));
+    for name in used {
+        assert!(
+            metrics.contains(&format!("# HELP {name} ")),
+            "{name} is in the rules but not in /metrics:\n{metrics}"
+        );
+    }
+}
+
+/// With `--max-behind`, a query whose every batch ends before the source's newest offset
+/// (one file a batch, a backlog of files) turns `/readyz` 503 naming the source once the
+/// backlog has lasted longer; the gauge says how long.
+#[test]
+fn a_backlog_longer_than_max_behind_fails_readiness_naming_the_source() {
+    let dir = temp_dir();
+    let (child, base) = start_with(dir.path(), 60, &["--max-behind", "1s"]);
+    let _stop = Stop(child);
+    let mut ready = (0, String::new());
+    wait_until(
+        "/readyz to fail on the backlog",
+        Duration::from_secs(60),
+        || {
+            ready = get(&format!("{base}/readyz"));
+            ready.0 == 503 && ready.1.contains("behind")
+        },
+    );
+    assert!(
+        ready.1.contains("FileStreamSource") || ready.1.contains("behind "),
+        "{ready:?}"
+    );
+    let (_, status) = get(&format!("{base}/api/status"));
+    let status: Value = serde_json::from_str(&status).unwrap();
+    let behind = status["sourcesBehind"].as_object().unwrap();
+    assert!(
+        behind.values().any(|b| b["seconds"].as_u64().unwrap() >= 1),
+        "{status}"
+    );
+    let (_, metrics) = get(&format!("{base}/metrics"));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("weir_source_seconds_behind{") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
 }
