@@ -113,6 +113,37 @@ enum CheckpointCommand {
     Show { dir: String },
 }
 
+/// `--log-format json`: every line on stderr is a JSON object, the notices below too.
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A line of the binary's own for a person (where it listens, a signal, the final error,
+/// each of `causes` on a line of its own after it), or with `--log-format json` one JSON
+/// object of the logs' shape (`timestamp`, `level`, `target`, `fields.message`, and
+/// `fields.causes` and `fields.batch_id` when there are).
+fn notice(level: &str, message: &str, causes: &[String], batch_id: Option<u64>) {
+    if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut fields = serde_json::json!({ "message": message });
+        if !causes.is_empty() {
+            fields["causes"] = serde_json::json!(causes);
+        }
+        if let Some(b) = batch_id {
+            fields["batch_id"] = serde_json::json!(b);
+        }
+        let line = serde_json::json!({
+            "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            "level": level,
+            "target": "weir",
+            "fields": fields,
+        });
+        eprintln!("{line}");
+    } else {
+        eprintln!("{message}");
+        for c in causes {
+            eprintln!("  caused by: {c}");
+        }
+    }
+}
+
 /// Whether log lines carry ANSI colours: stderr is a terminal and `NO_COLOR` is unset or
 /// empty.
 fn colour_on(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
@@ -141,7 +172,10 @@ fn main() -> ExitCode {
         ));
     match cli.log_format {
         LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().with_current_span(true).init(),
+        LogFormat::Json => {
+            JSON_LOGS.store(true, std::sync::atomic::Ordering::Relaxed);
+            logs.json().with_current_span(true).init()
+        }
     }
     tracing::debug!("{malloc}");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -150,24 +184,34 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            notice(
+                "ERROR",
+                &format!("error: cannot start the async runtime: {e}"),
+                &[],
+                None,
+            );
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
             // Library errors often end their own text with their source's (DataFusion's
             // wrap theirs twice): a cause the line before ended with is left out.
+            let mut causes = Vec::new();
             let mut said = e.to_string();
             for cause in e.chain().skip(1) {
                 let text = cause.to_string();
                 if !said.ends_with(&text) {
-                    eprintln!("  caused by: {text}");
+                    causes.push(text.clone());
                 }
                 said = text;
             }
+            // The batch it is about, as a field of its own in JSON.
+            let batch = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<weir_core::Error>()?.batch_id());
+            notice("ERROR", &format!("error: {e}"), &causes, batch);
             ExitCode::FAILURE
         }
     }
@@ -280,9 +324,14 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
                     .with_lag_limits(opts.lag),
             );
             let endpoint = weir_http::serve(addr, monitor.clone()).await?;
-            eprintln!(
-                "weir: monitoring at http://{} (/metrics, /healthz, /readyz, /api/progress)",
-                endpoint.addr()
+            notice(
+                "INFO",
+                &format!(
+                    "weir: monitoring at http://{} (/metrics, /healthz, /readyz, /api/progress)",
+                    endpoint.addr()
+                ),
+                &[],
+                None,
             );
             writer = writer.listener(monitor);
             Some(endpoint)
@@ -298,9 +347,14 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     let stop = query.clone();
     tokio::spawn(async move {
         let first = signals.next().await;
-        eprintln!(
-            "{first}: stopping after the current batch (at most {}; a second signal stops now)",
-            weir_core::connector::DurationText(grace)
+        notice(
+            "WARN",
+            &format!(
+                "{first}: stopping after the current batch (at most {}; a second signal stops now)",
+                weir_core::connector::DurationText(grace)
+            ),
+            &[],
+            None,
         );
         let stopping = stop.clone();
         tokio::spawn(async move {
@@ -310,9 +364,14 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
             second = signals.next() => format!("{second} again"),
             () = tokio::time::sleep(grace) => format!("the batch did not finish within {}", weir_core::connector::DurationText(grace)),
         };
-        eprintln!(
-            "{why}: stopping now; the batch in progress is not committed and runs again, with \
-             the same id and input, on the next start"
+        notice(
+            "WARN",
+            &format!(
+                "{why}: stopping now; the batch in progress is not committed and runs again, \
+                 with the same id and input, on the next start"
+            ),
+            &[],
+            None,
         );
         std::process::exit(if first == "SIGINT" { 130 } else { 143 });
     });
@@ -329,19 +388,24 @@ async fn run_worker(listen: &str, token: Option<&str>) -> Result<()> {
         .await
         .with_context(|| format!("--listen {listen}: cannot listen there"))?;
     let addr = listener.local_addr().context("reading the bound address")?;
-    eprintln!(
-        "weir worker: listening on http://{addr} (weir {}, {})",
-        weir_cluster::VERSION,
-        if token.is_some() {
-            "token required"
-        } else {
-            "no token"
-        }
+    notice(
+        "INFO",
+        &format!(
+            "weir worker: listening on http://{addr} (weir {}, {})",
+            weir_cluster::VERSION,
+            if token.is_some() {
+                "token required"
+            } else {
+                "no token"
+            }
+        ),
+        &[],
+        None,
     );
     let mut signals = Signals::new()?;
     weir_cluster::worker::serve(listener, token, weir::config::NODES, async move {
         let why = signals.next().await;
-        eprintln!("weir worker: {why}: stopping");
+        notice("INFO", &format!("weir worker: {why}: stopping"), &[], None);
     })
     .await?;
     Ok(())

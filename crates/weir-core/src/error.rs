@@ -247,6 +247,22 @@ impl Error {
         }
     }
 
+    /// The batch the error is about, when it is about one (for a log line's `batch_id`).
+    pub fn batch_id(&self) -> Option<u64> {
+        match self {
+            Error::BatchFailed { batch_id, .. }
+            | Error::BatchPanicked { batch_id, .. }
+            | Error::InputChanged { batch_id, .. }
+            | Error::Sink { batch_id, .. }
+            | Error::Batch { batch_id, .. }
+            | Error::FaultInjected { batch_id, .. }
+            | Error::TimedOut { batch_id, .. } => Some(*batch_id),
+            Error::Panicked { last_batch, .. } => *last_batch,
+            Error::QueryTerminated { source, .. } => source.batch_id(),
+            _ => None,
+        }
+    }
+
     /// A `Config` error naming `key`.
     pub fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Config {

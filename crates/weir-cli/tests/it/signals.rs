@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use weir_core::datafusion::prelude::SessionContext;
 use weir_testkit::{parquet_rows, rows, temp_dir};
 
-use crate::{bin, gen_orders, input_rows, pipeline};
+use crate::{bin, gen_orders, gen_orders_from, input_rows, pipeline};
 
 /// Starts `weir run` on a pipeline that runs one file per 100 ms, with batch 1 held for
 /// `hold_ms` before the user function.
@@ -223,4 +223,42 @@ fn json_logs_carry_the_query_and_batch_id() {
         .unwrap_or_else(|| panic!("no line about the skipped batch: {err}"));
     assert_eq!(skipped["span"]["query"], "orders", "{skipped}");
     assert_eq!(skipped["span"]["batch_id"], 1, "{skipped}");
+
+    // A run that fails, with the monitoring endpoint on: every line is JSON too, the
+    // binary's own (where it serves, the final error and its causes) included, and the
+    // error names its batch in a field.
+    let more = dir.path().join("in");
+    gen_orders_from(&more, 3, 2, 5, 3);
+    let out = weir_testkit::run_weir(
+        &bin(),
+        &[
+            "--log-format",
+            "json",
+            "run",
+            p.to_str().unwrap(),
+            "--quiet",
+            "--http",
+            "127.0.0.1:0",
+        ],
+        Some("after-user-fn@3:error"),
+    );
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("monitoring at"))),
+        "{err}"
+    );
+    let last = lines.last().unwrap();
+    assert_eq!(last["level"], "ERROR", "{last}");
+    assert_eq!(last["fields"]["batch_id"], 3, "{last}");
+    assert!(
+        last["fields"]["causes"].to_string().contains("batch 3"),
+        "{last}"
+    );
 }

@@ -314,7 +314,8 @@ async fn run(spec: QuerySpec, parts: Parts, reopen: Reopen, shared: Arc<Shared>)
     checkpoint.release().await;
     let error = result.as_ref().err().map(|e| error_chain(e));
     if let Some(e) = &error {
-        tracing::error!(query = %shared.name, "query terminated with an error: {e}");
+        let batch_id = result.as_ref().err().and_then(Error::batch_id);
+        tracing::error!(query = %shared.name, batch_id, "query terminated with an error: {e}");
     }
     for l in &listeners {
         l.on_query_terminated(&QueryTerminated {
