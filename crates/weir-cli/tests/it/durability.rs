@@ -22,11 +22,18 @@ fn quoted(line: &str) -> Vec<&str> {
 /// interrupts into `PID call(args <unfinished ...>` and, later, `PID <... call resumed>) = 0`.
 /// The joined call takes the place of its `resumed` line (when it returned); its
 /// `unfinished` line becomes empty so that line numbers keep the trace's order.
+///
+/// strace pads the PID column (`6801  fsync(...)`, two spaces): splitting at the first
+/// space left a space before the call, so no `resumed` line was ever joined and an fsync
+/// interrupted by another thread (common on a loaded machine) went missing from the trace,
+/// failing the test now and then though the order was right.
 fn joined(text: &str) -> Vec<String> {
     let mut open: HashMap<&str, &str> = HashMap::new();
     let mut out = Vec::new();
     for line in text.lines() {
-        let (pid, call) = line.split_once(' ').unwrap_or(("", line));
+        let (pid, call) = line
+            .split_once(char::is_whitespace)
+            .map_or(("", line), |(pid, call)| (pid, call.trim_start()));
         if let Some(head) = call.strip_suffix(" <unfinished ...>") {
             open.insert(pid, head);
             out.push(String::new());
@@ -96,6 +103,20 @@ fn every_sink_file_of_batch_n_is_fsynced_before_commits_n() {
         .unwrap_or_else(|e| panic!("cannot run {strace} (.ci/run installs it): {e}"));
     assert!(out.status.success(), "{out:?}");
     let text = std::fs::read_to_string(&trace_file).unwrap();
+    // Kept where it outlives the test's folder until every check passed: a failing run's
+    // trace is there to read (the harness prints this line only when the test fails).
+    let kept = std::env::temp_dir().join(format!(
+        "weir-fsync-trace-{}-{}.txt",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::write(&kept, &text).unwrap();
+    eprintln!(
+        "the strace output of this run is kept in {}",
+        kept.display()
+    );
     let lines = joined(&text);
     let trace: Vec<&str> = lines.iter().map(String::as_str).collect();
     let chk = root.join("chk");
@@ -163,4 +184,30 @@ fn every_sink_file_of_batch_n_is_fsynced_before_commits_n() {
         }
         assert!(parts > 0, "batch {n} wrote no Parquet part");
     }
+    let _ = std::fs::remove_file(&kept);
+}
+
+/// Lines of a failing run's trace (kept by the test above): an fsync interrupted by
+/// another thread is joined into one line at the place it returned, and is found.
+#[test]
+fn an_fsync_interrupted_by_another_thread_is_joined_where_it_returned() {
+    let text = "\
+6801  fsync(13</t/table/part-0.parquet> <unfinished ...>
+6799  fsync(12</t/chk/sources/0> <unfinished ...>
+6799  <... fsync resumed>)              = 0
+6801  <... fsync resumed>)              = 0
+6801  fsync(12</t/table>) = 0
+6783  linkat(AT_FDCWD</w>, \"/t/chk/commits/.1.tmp\", AT_FDCWD</w>, \"/t/chk/commits/1\", 0) = 0";
+    let lines = joined(text);
+    assert_eq!(lines.len(), 6);
+    assert_eq!(lines[0], "");
+    assert_eq!(
+        lines[3],
+        "6801 fsync(13</t/table/part-0.parquet>)              = 0"
+    );
+    let trace: Vec<&str> = lines.iter().map(String::as_str).collect();
+    assert_eq!(
+        fsyncs(&trace, Path::new("/t/table/part-0.parquet")),
+        vec![3]
+    );
 }
