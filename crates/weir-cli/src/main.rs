@@ -59,6 +59,11 @@ enum Command {
         /// at this address (e.g. 127.0.0.1:9464). Off by default.
         #[arg(long)]
         http: Option<String>,
+        /// With --http: every path but /healthz and the page needs `Authorization: Bearer
+        /// <token>`; give `env:NAME` to read it from the environment. Open the page as
+        /// /#token=<token>.
+        #[arg(long, requires = "http")]
+        http_token: Option<String>,
         /// /readyz fails when no batch ended for this many trigger intervals (and at least
         /// a minute) while the query was not waiting for data.
         #[arg(long, default_value_t = 10)]
@@ -225,6 +230,7 @@ async fn dispatch(command: Command) -> Result<()> {
             quiet,
             stop_grace,
             http,
+            http_token,
             stall_intervals,
             max_records_behind,
             max_behind,
@@ -239,6 +245,9 @@ async fn dispatch(command: Command) -> Result<()> {
                 quiet,
                 grace,
                 http,
+                http_token: http_token
+                    .map(|t| weir_core::connector::secret("--http-token", &t))
+                    .transpose()?,
                 stall_intervals,
                 lag: weir_http::LagLimits {
                     records: max_records_behind,
@@ -294,6 +303,7 @@ struct RunOptions {
     quiet: bool,
     grace: std::time::Duration,
     http: Option<String>,
+    http_token: Option<String>,
     stall_intervals: u32,
     lag: weir_http::LagLimits,
 }
@@ -323,7 +333,8 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
                 weir_http::Monitor::new(&pipeline.query.name, interval, stall)
                     .with_lag_limits(opts.lag),
             );
-            let endpoint = weir_http::serve(addr, monitor.clone()).await?;
+            let endpoint =
+                weir_http::serve_with_token(addr, monitor.clone(), opts.http_token.clone()).await?;
             notice(
                 "INFO",
                 &format!(

@@ -31,4 +31,4 @@ mod server;
 pub use error::HttpError;
 pub use monitor::{Behind, LagLimits, Monitor, NextAttempt, Phase, RECENT, Status};
 pub use process::{ProcessStats, process_stats};
-pub use server::{Endpoint, metrics_text, serve};
+pub use server::{Endpoint, metrics_text, serve, serve_with_token};

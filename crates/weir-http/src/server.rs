@@ -53,6 +53,18 @@ impl Drop for Endpoint {
 ///
 /// The listener is bound before this returns, so a bad or busy address is an error here.
 pub async fn serve(addr: &str, monitor: Arc<Monitor>) -> Result<Endpoint, HttpError> {
+    serve_with_token(addr, monitor, None).await
+}
+
+/// [`serve`], where every path but `/healthz` and the page itself (`/`, which holds no
+/// figures and sends the token it is given in its URL's fragment, `#token=...`) answers 401
+/// unless the request carries `Authorization: Bearer <token>`.
+pub async fn serve_with_token(
+    addr: &str,
+    monitor: Arc<Monitor>,
+    token: Option<String>,
+) -> Result<Endpoint, HttpError> {
+    let token: Option<Arc<str>> = token.map(Arc::from);
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| HttpError::Bind {
@@ -75,10 +87,17 @@ pub async fn serve(addr: &str, monitor: Arc<Monitor>) -> Result<Endpoint, HttpEr
                 }
             };
             let monitor = monitor.clone();
+            let token = token.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req| {
                     let monitor = monitor.clone();
-                    async move { Ok::<_, Infallible>(respond(&req, &monitor)) }
+                    let token = token.clone();
+                    async move {
+                        Ok::<_, Infallible>(match refused(&req, token.as_deref()) {
+                            Some(r) => r,
+                            None => respond(&req, &monitor),
+                        })
+                    }
                 });
                 // A client that goes away mid-request is its own business.
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -126,6 +145,43 @@ pub fn metrics_text(monitor: &Monitor) -> String {
     out.finish()
 }
 
+/// 401 for a request without the token, when one is required (not for `/healthz` nor the
+/// page). The comparison takes the same time wherever the first difference is.
+fn refused(req: &Request<Incoming>, token: Option<&str>) -> Option<Response<Full<Bytes>>> {
+    let token = token?;
+    if matches!(req.uri().path(), "/healthz" | "/" | "/index.html") {
+        return None;
+    }
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if same(given.as_bytes(), token.as_bytes()) {
+        return None;
+    }
+    let mut r = reply(
+        StatusCode::UNAUTHORIZED,
+        TEXT,
+        "a bearer token is required (Authorization: Bearer ...)\n",
+    );
+    r.headers_mut().insert(
+        hyper::header::WWW_AUTHENTICATE,
+        hyper::header::HeaderValue::from_static("Bearer"),
+    );
+    Some(r)
+}
+
+/// Equality in a time that does not depend on where `a` and `b` differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, y) in b.iter().enumerate() {
+        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ y);
+    }
+    diff == 0
+}
+
 fn respond(req: &Request<Incoming>, monitor: &Monitor) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "only GET\n");
@@ -150,5 +206,20 @@ fn respond(req: &Request<Incoming>, monitor: &Monitor) -> Response<Full<Bytes>> 
         "/api/status" => json(&monitor.status()),
         "/" | "/index.html" => reply(StatusCode::OK, "text/html; charset=utf-8", PAGE),
         _ => reply(StatusCode::NOT_FOUND, TEXT, "not found\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same;
+
+    #[test]
+    fn tokens_are_equal_only_when_every_byte_and_the_length_are() {
+        assert!(same(b"s3cret", b"s3cret"));
+        assert!(!same(b"s3cre", b"s3cret"));
+        assert!(!same(b"s3cretX", b"s3cret"));
+        assert!(!same(b"S3cret", b"s3cret"));
+        assert!(!same(b"", b"s3cret"));
+        assert!(same(b"", b""));
     }
 }

@@ -348,3 +348,52 @@ fn a_backlog_longer_than_max_behind_fails_readiness_naming_the_source() {
         "{metrics}"
     );
 }
+
+/// With `--http-token env:VAR`, the figures need the bearer token; `/healthz` and the page
+/// itself do not (the page sends the token given in its URL's fragment).
+#[test]
+fn with_a_token_the_endpoint_answers_401_without_it() {
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 10, 5, 3);
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("\"available-now\"", "\"200ms\"");
+    std::fs::write(&p, text).unwrap();
+    let port = free_port();
+    let child = Command::new(bin())
+        .args(["run", p.to_str().unwrap(), "--quiet", "--http"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--http-token", "env:WEIR_TEST_HTTP_TOKEN"])
+        .env("WEIR_TEST_HTTP_TOKEN", "s3cret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _stop = Stop(child);
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until("the endpoint", Duration::from_secs(60), || {
+        get(&format!("{base}/healthz")).0 == 200
+    });
+    let with = |path: &str, token: &str| -> u16 {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            .arg(format!("Authorization: Bearer {token}"))
+            .arg(format!("{base}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
+    };
+    for path in ["/metrics", "/readyz", "/api/progress", "/api/status"] {
+        assert_eq!(
+            get(&format!("{base}{path}")).0,
+            401,
+            "{path} without a token"
+        );
+        assert_eq!(with(path, "wrong"), 401, "{path} with a wrong token");
+        assert_ne!(with(path, "s3cret"), 401, "{path} with the token");
+    }
+    assert_eq!(get(&format!("{base}/")).0, 200, "the page holds no figures");
+    let (_, page) = get(&format!("{base}/"));
+    assert!(page.contains("#token") || page.contains("location.hash"));
+}
