@@ -55,6 +55,22 @@ fn bad_pipelines_are_refused_naming_the_key() {
         !out.status.success() && err.contains("'3x'") && err.contains("in `max-file-age`"),
         "{err}"
     );
+    // A local source folder that is not there (a typo, a volume not mounted) is refused,
+    // as Spark refuses it, not read as an empty stream.
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("path = \"in\"", "path = \"no such folder\"");
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("source.path")
+            && err.contains("Path does not exist")
+            && err.contains("no such folder"),
+        "{err}"
+    );
     // A retry policy that cannot work, and one with a key it does not know.
     for (retry, want) in [
         ("{ attempts = 0 }", "query.retry.attempts"),

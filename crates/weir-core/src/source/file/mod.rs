@@ -408,6 +408,21 @@ impl Source for FileSource {
     }
 
     async fn open(&self, init: &SourceInit) -> Result<()> {
+        // A local folder that is not there is a mistake (a typo, a volume not mounted), not
+        // an empty stream: Spark refuses it too ("Path does not exist"). An object store
+        // has no folders to be missing.
+        if let Some(path) = self.opts.path.local_path()
+            && !path.is_dir()
+        {
+            return Err(Error::config(
+                "source.path",
+                format!(
+                    "Path does not exist: {} is not a folder; a local source folder must be \
+                     there when the query starts (create it, empty if need be)",
+                    path.display()
+                ),
+            ));
+        }
         let entries = log::read(&init.log).await?;
         let newest = entries
             .values()
