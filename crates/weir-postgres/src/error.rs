@@ -126,10 +126,11 @@ impl PostgresSinkError {
     }
 
     /// A failure that may pass (`weir_core::error::is_transient` then runs the batch again
-    /// after a pause): the connection refused, cut or closed, the server shutting down,
-    /// starting or out of connection slots (SQLSTATE class 08, 57P01-57P03, 53300), a
-    /// serialization failure or a deadlock (40001, 40P01). Decided by the error's type and
-    /// SQLSTATE, never its text.
+    /// after a pause): the connection refused, cut or closed, the server shutting down or
+    /// starting, out of resources (SQLSTATE class 08, 57P01-57P03, class 53: connection
+    /// slots, disk, memory), a statement cancelled by a timeout or a lock not available
+    /// (57014, 55P03), a serialization failure or a deadlock (40001, 40P01). Decided by the
+    /// error's type and SQLSTATE, never its text.
     pub(crate) fn is_transient(&self) -> bool {
         let engine = |e: &(dyn std::error::Error + 'static)| weir_core::error::is_transient(e);
         match self {
@@ -168,10 +169,16 @@ fn transient_db(e: &tokio_postgres::Error) -> bool {
     }
     if let Some(state) = e.code() {
         let code = state.code();
+        // 08: connection exceptions; 53: insufficient resources (disk full, out of memory,
+        // too many connections); 57014: a statement cancelled (statement_timeout,
+        // lock_timeout, pg_cancel_backend); 55P03: a lock not available (NOWAIT);
+        // 57P01-57P03: the server shutting down or starting; 40001 and 40P01: a
+        // serialization failure or a deadlock.
         return code.starts_with("08")
+            || code.starts_with("53")
             || matches!(
                 code,
-                "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01"
+                "57014" | "55P03" | "57P01" | "57P02" | "57P03" | "40001" | "40P01"
             );
     }
     // A refused or cut connection: the I/O error it carries.
