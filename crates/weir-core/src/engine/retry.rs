@@ -67,6 +67,12 @@ impl RetryPolicy {
                 "must be at least 1 (1: the first failure stops the query)",
             ));
         }
+        if self.initial.is_zero() {
+            return Err(crate::error::Error::config(
+                format!("{key}.initial"),
+                "must be more than 0: without a pause the runs would hammer a server that is down",
+            ));
+        }
         if self.initial > self.max {
             return Err(crate::error::Error::config(
                 format!("{key}.initial"),
@@ -88,6 +94,9 @@ pub enum Decision {
     Retry { pause: Duration, failed: u32 },
     /// Stop with the error.
     Stop,
+    /// The query was asked to stop and the failure may pass: end as stopped (the batch
+    /// runs again at the next start), as a stop during a pause does.
+    Stopped,
 }
 
 /// What to do after a failed run. `transient`: whether the error is one that may pass;
@@ -100,7 +109,10 @@ pub fn decide(
     stopping: bool,
 ) -> Decision {
     let failed = failed_before.saturating_add(1);
-    if !transient || stopping || failed >= policy.attempts {
+    if transient && stopping {
+        return Decision::Stopped;
+    }
+    if !transient || failed >= policy.attempts {
         return Decision::Stop;
     }
     Decision::Retry {
@@ -158,8 +170,11 @@ mod tests {
             (true, 10, false, Stop),
             // a permanent error stops at once
             (false, 0, false, Stop),
-            // a query asked to stop does not wait for another attempt
-            (true, 0, true, Stop),
+            // a query asked to stop does not wait for another attempt: it ends as stopped
+            // (the batch runs at the next start), unless the error is one to report
+            (true, 0, true, Stopped),
+            (true, 3, true, Stopped),
+            (false, 0, true, Stop),
         ];
         for &(transient, before, stopping, want) in cases {
             assert_eq!(
@@ -206,6 +221,15 @@ mod tests {
             max: Duration::from_secs(1),
             ..RetryPolicy::default()
         };
+        let no_pause = RetryPolicy {
+            initial: Duration::ZERO,
+            ..RetryPolicy::default()
+        };
+        let e = no_pause.check("query.retry").unwrap_err().to_string();
+        assert!(
+            e.contains("query.retry.initial") && e.contains("more than 0"),
+            "{e}"
+        );
         let e = upside_down.check("query.retry").unwrap_err().to_string();
         assert!(
             e.contains("query.retry.initial") && e.contains("5000 ms"),

@@ -266,6 +266,16 @@ async fn run(spec: QuerySpec, parts: Parts, reopen: Reopen, shared: Arc<Shared>)
         let (pause, now_failed) =
             match retry::decide(&reopen.policy, is_transient(&e), failed, stopping) {
                 Decision::Stop => break Err(e),
+                Decision::Stopped => {
+                    tracing::warn!(
+                        query = %shared.name,
+                        batch_id = batch,
+                        "stopping as asked; the batch that failed with an error that may pass \
+                         runs again at the next start: {}",
+                        error_chain(&e)
+                    );
+                    break Ok(());
+                }
                 Decision::Retry { pause, failed } => (pause, failed),
             };
         failed = now_failed;
