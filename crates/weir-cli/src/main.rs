@@ -140,13 +140,20 @@ fn notice(level: &str, message: &str, causes: &[String], batch_id: Option<u64>) 
             "target": "weir",
             "fields": fields,
         });
-        eprintln!("{line}");
+        say_err(&line.to_string());
     } else {
-        eprintln!("{message}");
+        say_err(message);
         for c in causes {
-            eprintln!("  caused by: {c}");
+            say_err(&format!("  caused by: {c}"));
         }
     }
+}
+
+/// A line on stderr; a stderr that went away drops it (a panicking `eprintln!` there killed
+/// the task that handles signals, and SIGTERM was then ignored).
+fn say_err(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Whether log lines carry ANSI colours: stderr is a terminal and `NO_COLOR` is unset or
@@ -338,7 +345,7 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
             notice(
                 "INFO",
                 &format!(
-                    "weir: monitoring at http://{} (/metrics, /healthz, /readyz, /api/progress)",
+                    "weir: monitoring at http://{} (/metrics, /healthz, /readyz, /api/progress, /api/status)",
                     endpoint.addr()
                 ),
                 &[],

@@ -13,6 +13,16 @@ use weir_core::sink::CACHE_DURATION_KEY;
 /// One human line per batch on stdout.
 pub(crate) struct HumanLines;
 
+/// A line on stdout for a person. A stdout that went away (a closed pipe, `| head`) drops
+/// the line: a reader leaving must not stop or hang the query, as a panicking `println!`
+/// did.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 impl QueryListener for HumanLines {
     fn on_query_started(&self, e: &QueryStarted) {
         let what = if e.replay {
@@ -20,9 +30,11 @@ impl QueryListener for HumanLines {
         } else {
             "new"
         };
-        println!(
+        say!(
             "query '{}' [id {}] starts at batch {} ({what})",
-            e.name, e.id, e.first_batch_id
+            e.name,
+            e.id,
+            e.first_batch_id
         );
     }
 
@@ -53,7 +65,7 @@ impl QueryListener for HumanLines {
         } else {
             String::new()
         };
-        println!(
+        say!(
             "batch {}: {} rows in{out}{skip} in {} ms (addBatch {} ms{per_sink})",
             p.batch_id,
             p.num_input_rows,
@@ -63,9 +75,12 @@ impl QueryListener for HumanLines {
     }
 
     fn on_falling_behind(&self, e: &FallingBehind) {
-        println!(
+        say!(
             "warning: query '{}' is falling behind: addBatch {} ms vs a {} ms trigger for {} batches",
-            e.name, e.add_batch_ms, e.trigger_interval_ms, e.consecutive
+            e.name,
+            e.add_batch_ms,
+            e.trigger_interval_ms,
+            e.consecutive
         );
     }
 }

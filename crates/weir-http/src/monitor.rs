@@ -41,7 +41,7 @@ pub struct NextAttempt {
     /// Failures in a row so far, of at most `attempts` runs.
     pub failed: u32,
     pub attempts: u32,
-    /// When the next run starts, in seconds since the epoch.
+    /// When the next run starts: Unix time in seconds (with a fraction).
     pub at: f64,
 }
 
@@ -294,8 +294,10 @@ impl Monitor {
                                 n.failed,
                                 n.attempts,
                                 s.last_error.as_deref().unwrap_or("(no error text)"),
-                                if wait > 0.0 {
+                                if wait >= 10.0 {
                                     format!("next run in {wait:.0} s")
+                                } else if wait > 0.0 {
+                                    format!("next run in {wait:.1} s")
                                 } else {
                                     "running it again now".to_string()
                                 }

@@ -186,6 +186,11 @@ macro_rules! erased_config {
                             .map_err(|e| format!("{} in `timeout`", e.to_string().trim_end()))?,
                     ),
                 };
+                if timeout.is_some_and(|t| t.0.is_zero()) {
+                    return Err(
+                        "`timeout` must be more than 0 (every write would be cancelled)".into(),
+                    );
+                }
                 let Some(entry) = $registry.iter().find(|k| k.kind() == tag) else {
                     let known: Vec<_> = $registry
                         .iter()

@@ -35,6 +35,10 @@ fn bad_pipelines_are_refused_naming_the_key() {
             "[[sink]]\ntype = \"parquet\"\npath = \"out\"\ntimeout = \"soon\"\n",
             "in `timeout`",
         ),
+        (
+            "[[sink]]\ntype = \"parquet\"\npath = \"out\"\ntimeout = \"0s\"\n",
+            "`timeout` must be more than 0",
+        ),
     ];
     for (sinks, want) in cases {
         let p = pipeline(dir.path(), sinks);
@@ -76,6 +80,7 @@ fn bad_pipelines_are_refused_naming_the_key() {
         ("{ attempts = 0 }", "query.retry.attempts"),
         ("{ initial = \"5s\", max = \"1s\" }", "query.retry.initial"),
         ("{ tries = 3 }", "tries"),
+        ("{ initial = \"0s\" }", "query.retry.initial"),
     ] {
         let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
         let text = std::fs::read_to_string(&p).unwrap().replace(
