@@ -45,12 +45,12 @@ use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
 pub(crate) use weir::config::{SinkConfig, SourceConfig};
 use weir_cluster::{ClusterConfig, WeirCluster};
-use weir_core::connector::{BuildEnv, DurationText, SinkShape, secret};
+use weir_core::connector::{BuildEnv, DurationText, RetryConfig, SinkShape, secret};
 use weir_core::datafusion::arrow::datatypes::Schema;
 use weir_core::engine::{Transform, TransformOutput};
 use weir_core::sink::WithTimeout;
 use weir_core::storage::StorageOptions;
-use weir_core::{DataStreamWriter, FanOut, ForeachBatch, RetryPolicy, Trigger, WeirSession};
+use weir_core::{DataStreamWriter, FanOut, ForeachBatch, Trigger, WeirSession};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -89,31 +89,6 @@ pub(crate) struct QueryConfig {
     /// How failures that may pass (a server down, a connection cut) are met.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryConfig>,
-}
-
-/// `[query] retry = { attempts = 10, initial = "1s", max = "1m" }`: runs of a failing
-/// batch before the query stops, and the pauses between them (doubling); each left out
-/// takes the default.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub(crate) struct RetryConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attempts: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial: Option<DurationText>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max: Option<DurationText>,
-}
-
-impl RetryConfig {
-    fn policy(&self) -> RetryPolicy {
-        let d = RetryPolicy::default();
-        RetryPolicy {
-            attempts: self.attempts.unwrap_or(d.attempts),
-            initial: self.initial.map_or(d.initial, |t| t.0),
-            max: self.max.map_or(d.max, |t| t.0),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use pyo3::exceptions::{PyConnectionError, PyKeyboardInterrupt, PyTimeoutError};
 use pyo3::prelude::*;
 use serde::Deserialize;
 use weir::config::SourceConfig;
-use weir::connector::{BuildEnv, DurationText};
+use weir::connector::{BuildEnv, DurationText, RetryConfig};
 use weir::datafusion::prelude::DataFrame;
 use weir::engine::{Transform, check_steps};
 use weir::storage::StorageOptions;
@@ -43,29 +43,9 @@ struct QuerySpec {
     state_partitions: Option<u32>,
     /// `.option("retryAttempts" | "retryInitial" | "retryMax", ...)`.
     #[serde(default)]
-    retry: RetrySpec,
+    retry: RetryConfig,
     /// Relative paths are taken from here (the Python process's working folder).
     base: Option<std::path::PathBuf>,
-}
-
-/// The retry options given (each left out takes the default).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RetrySpec {
-    attempts: Option<u32>,
-    initial: Option<DurationText>,
-    max: Option<DurationText>,
-}
-
-impl RetrySpec {
-    fn policy(&self) -> RetryPolicy {
-        let d = RetryPolicy::default();
-        RetryPolicy {
-            attempts: self.attempts.unwrap_or(d.attempts),
-            initial: self.initial.map_or(d.initial, |t| t.0),
-            max: self.max.map_or(d.max, |t| t.0),
-        }
-    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -44,7 +44,7 @@ use crate::storage::{Location, StorageOptions};
 pub use files::{CleanName, FilesConfig, FormatName};
 pub use parquet::{ParquetConfig, ParquetReader};
 pub use rate::RateConfig;
-pub use text::{DurationText, SchemaText, parse_schema};
+pub use text::{DurationText, RetryConfig, SchemaText, parse_schema};
 pub use verify::{compare_append, compare_upsert, newest_per_key};
 
 /// What a config is resolved against: the pipeline file's folder (relative paths) and

@@ -135,3 +135,29 @@ pub fn parse_schema(key: &str, cols: &[String]) -> Result<SchemaRef> {
     }
     Ok(Arc::new(Schema::new(fields)))
 }
+
+/// `retry = { attempts = 10, initial = "1s", max = "1m" }` (a pipeline's `[query]`, the
+/// Python writer's retry options): each value left out takes
+/// [`RetryPolicy::default`](crate::RetryPolicy)'s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<DurationText>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<DurationText>,
+}
+
+impl RetryConfig {
+    /// The policy, with the defaults where a value was left out.
+    pub fn policy(&self) -> crate::RetryPolicy {
+        let d = crate::RetryPolicy::default();
+        crate::RetryPolicy {
+            attempts: self.attempts.unwrap_or(d.attempts),
+            initial: self.initial.map_or(d.initial, |t| t.0),
+            max: self.max.map_or(d.max, |t| t.0),
+        }
+    }
+}
