@@ -12,7 +12,7 @@ use weir_testkit::temp_dir;
 use crate::{bin, gen_orders, pipeline};
 
 /// GET `url` with curl: (HTTP status, body).
-fn get(url: &str) -> (u16, String) {
+pub(crate) fn get(url: &str) -> (u16, String) {
     let out = Command::new("curl")
         .args(["-s", "-w", "\n%{http_code}", url])
         .output()
@@ -22,7 +22,7 @@ fn get(url: &str) -> (u16, String) {
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
         assert!(t.elapsed() < limit, "timed out waiting for {what}");
@@ -33,11 +33,11 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 /// `weir run` on `files` files of 5 orders, one file per 200 ms trigger, serving on a free
 /// port; returns the child and the base URL.
 fn start(dir: &Path, files: usize) -> (Child, String) {
-    start_with(dir, files, &[])
+    start_with(dir, files, &[], &[])
 }
 
-/// `start` with more `weir run` arguments.
-fn start_with(dir: &Path, files: usize, args: &[&str]) -> (Child, String) {
+/// `start` with more `weir run` arguments and environment variables.
+fn start_with(dir: &Path, files: usize, args: &[&str], env: &[(&str, &str)]) -> (Child, String) {
     gen_orders(&dir.join("in"), files, 5, 3);
     let p = pipeline(dir, "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
     let text = std::fs::read_to_string(&p)
@@ -49,6 +49,7 @@ fn start_with(dir: &Path, files: usize, args: &[&str]) -> (Child, String) {
         .args(["run", p.to_str().unwrap(), "--quiet", "--http"])
         .arg(format!("127.0.0.1:{port}"))
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -318,7 +319,7 @@ fn the_example_alert_rules_pass_promtool_and_use_metrics_weir_serves() {
 #[test]
 fn a_backlog_longer_than_max_behind_fails_readiness_naming_the_source() {
     let dir = temp_dir();
-    let (child, base) = start_with(dir.path(), 60, &["--max-behind", "1s"]);
+    let (child, base) = start_with(dir.path(), 60, &["--max-behind", "1s"], &[]);
     let _stop = Stop(child);
     let mut ready = (0, String::new());
     wait_until(
@@ -354,27 +355,13 @@ fn a_backlog_longer_than_max_behind_fails_readiness_naming_the_source() {
 #[test]
 fn with_a_token_the_endpoint_answers_401_without_it() {
     let dir = temp_dir();
-    gen_orders(&dir.path().join("in"), 10, 5, 3);
-    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
-    let text = std::fs::read_to_string(&p)
-        .unwrap()
-        .replace("\"available-now\"", "\"200ms\"");
-    std::fs::write(&p, text).unwrap();
-    let port = free_port();
-    let child = Command::new(bin())
-        .args(["run", p.to_str().unwrap(), "--quiet", "--http"])
-        .arg(format!("127.0.0.1:{port}"))
-        .args(["--http-token", "env:WEIR_TEST_HTTP_TOKEN"])
-        .env("WEIR_TEST_HTTP_TOKEN", "s3cret")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (child, base) = start_with(
+        dir.path(),
+        10,
+        &["--http-token", "env:WEIR_TEST_HTTP_TOKEN"],
+        &[("WEIR_TEST_HTTP_TOKEN", "s3cret")],
+    );
     let _stop = Stop(child);
-    let base = format!("http://127.0.0.1:{port}");
-    wait_until("the endpoint", Duration::from_secs(60), || {
-        get(&format!("{base}/healthz")).0 == 200
-    });
     let with = |path: &str, token: &str| -> u16 {
         let out = Command::new("curl")
             .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])

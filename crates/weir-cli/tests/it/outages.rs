@@ -2,34 +2,15 @@
 //! (`/readyz`, `/api/status`, `/metrics`), runs the failed batch again from its checkpoint
 //! after pauses, and once the server is back every row lands once (`[query] retry`).
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use weir_core::datafusion::prelude::{JsonReadOptions, SessionContext};
 use weir_testkit::service::free_port;
-use weir_testkit::{rows, start_postgres, temp_dir};
+use weir_testkit::{start_postgres, temp_dir};
 
-use crate::{bin, gen_orders, pipeline, progress_batches, weir_cli_schema};
-
-/// GET `url` with curl: (HTTP status, body).
-fn get(url: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-s", "-w", "\n%{http_code}", url])
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
-}
-
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+use crate::cluster_pg::{newest_per_key, same_form};
+use crate::monitor::{get, wait_until};
+use crate::{bin, gen_orders, pipeline, progress_batches};
 
 /// The driver, killed if the test ends before it does.
 struct Driver(Child);
@@ -39,25 +20,6 @@ impl Drop for Driver {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// Every row of `input`, newest per order id: what the upsert table must hold.
-async fn newest_per_key(input: &Path) -> Vec<String> {
-    let ctx = SessionContext::new();
-    let all = ctx
-        .read_json(
-            input.to_str().unwrap(),
-            JsonReadOptions::default()
-                .schema(&weir_cli_schema())
-                .file_extension(".json"),
-        )
-        .await
-        .unwrap();
-    let newest = weir_core::dedupe_latest(all, &["order_id".to_string()], "updated_at")
-        .unwrap()
-        .select_columns(&["order_id", "status", "amount"])
-        .unwrap();
-    rows(newest).await
 }
 
 /// What happens to the server under the running query.
@@ -226,7 +188,8 @@ async fn through_an_outage(outage: Outage) {
         &format!("SELECT order_id::text, status, amount::text FROM {table}"),
     )
     .await;
-    let want = newest_per_key(&input).await;
+    let got = same_form(got);
+    let want = newest_per_key(&input, None).await;
     assert_eq!(got.len(), want.len());
     assert_eq!(
         got, want,
