@@ -54,10 +54,7 @@ impl QueryListener for Monitor {
                 } else {
                     s.behind_since.remove(&source.description);
                 }
-                for (k, lag) in kafka_lag(source.end_offset.as_ref(), source.latest_offset.as_ref())
-                {
-                    s.lag.insert(k, lag);
-                }
+                s.lag.extend(lag);
             }
             if let Some(c) = &p.cluster {
                 s.last_workers = Some(c.workers.len());
