@@ -609,3 +609,44 @@ fn weir_check_plans_the_sql_over_the_source_columns() {
     let (ok, out, err) = check(&p);
     assert!(!ok && err.contains("declare it as string"), "{out}{err}");
 }
+
+/// A first start refused by a sink (here a Parquet folder another query owns) leaves no
+/// checkpoint behind: not the folders it made, and in a folder that was there, nothing.
+#[test]
+fn a_refused_first_start_writes_nothing() {
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 2, 5, 5);
+    let sink = "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n";
+    let p = pipeline(dir.path(), sink);
+    run_to_end(&p, &dir.path().join("progress.jsonl"));
+    let text = std::fs::read_to_string(&p).unwrap();
+    std::fs::create_dir(dir.path().join("was there")).unwrap();
+    for (checkpoint, made) in [("new [1]/chk", "new [1]"), ("was there", "")] {
+        let moved = text.replace(
+            "checkpoint = \"chk\"",
+            &format!("checkpoint = \"{checkpoint}\""),
+        );
+        std::fs::write(&p, moved).unwrap();
+        let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains("belongs to another query"), "{err}");
+        if made.is_empty() {
+            let left: Vec<_> = std::fs::read_dir(dir.path().join(checkpoint))
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert!(left.is_empty(), "{checkpoint} holds {left:?}: {err}");
+        } else {
+            assert!(!dir.path().join(made).exists(), "{made} is left: {err}");
+        }
+    }
+    // The query that owns the folder goes on from its checkpoint.
+    std::fs::write(&p, &text).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::storage::{FileVersion, Location, blocking};
 
 const LEASE: &str = "_lease";
-const LOCK: &str = ".lock";
+pub(super) const LOCK: &str = ".lock";
 
 /// How long an object-store lease lives without renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,27 @@ impl CheckpointGuard {
                         .open(&path)
                         .map_err(|e| Error::io("opening the lock file", &path, e))?;
                     match f.try_lock() {
-                        Ok(()) => Ok(f),
+                        // A refused first start removes the checkpoint while it holds the
+                        // lock: a lock taken on a file that is gone is not the checkpoint's.
+                        Ok(()) => {
+                            use std::os::unix::fs::MetadataExt;
+                            let held = f
+                                .metadata()
+                                .map_err(|e| Error::io("looking at", &path, e))?;
+                            match std::fs::metadata(&path) {
+                                Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => {
+                                    Ok(f)
+                                }
+                                _ => Err(Error::CheckpointInUse {
+                                    dir: shown,
+                                    detail: format!(
+                                        "{} was removed while this start opened it (a refused \
+                                         start undid the checkpoint it had made); start again",
+                                        path.display()
+                                    ),
+                                }),
+                            }
+                        }
                         Err(std::fs::TryLockError::WouldBlock) => Err(Error::CheckpointInUse {
                             dir: shown,
                             detail: format!("{} is locked by a running process", path.display()),

@@ -174,6 +174,8 @@ pub struct Checkpoint {
     root: Location,
     metadata: QueryMetadata,
     created: bool,
+    /// The topmost local folder that opening it made (`None`: it was there, or remote).
+    made: Option<Location>,
     /// The lock or lease this process holds; `None` for a checkpoint opened to look at.
     guard: Option<Arc<CheckpointGuard>>,
     /// Entries below this id are known to be purged already.
@@ -186,6 +188,7 @@ impl Checkpoint {
     /// a lease on an object store). Another query holding it is an error, before anything
     /// is read.
     pub async fn open(root: Location, name: &str, lease: LeaseSettings) -> Result<Self> {
+        let made = root.topmost_missing().await?;
         root.create_dir().await?;
         let guard = CheckpointGuard::acquire(&root, lease).await?;
         let (metadata, created) = Self::read_or_create_metadata(&root, name).await?;
@@ -196,6 +199,7 @@ impl Checkpoint {
             root,
             metadata,
             created,
+            made,
             guard: Some(Arc::new(guard)),
             purged_below: Arc::new(AtomicU64::new(0)),
         })
@@ -212,6 +216,7 @@ impl Checkpoint {
             root,
             metadata,
             created: false,
+            made: None,
             guard: None,
             purged_below: Arc::new(AtomicU64::new(0)),
         }))
@@ -359,6 +364,38 @@ impl Checkpoint {
         if let Some(g) = &self.guard {
             g.release(&self.root).await;
         }
+    }
+
+    /// Releases the checkpoint of a start that was refused before its first batch; when
+    /// this start created it, what it wrote goes too, so a refused first start leaves
+    /// nothing: the folders it made, or (in a folder that was there) its `metadata`, lock file
+    /// and empty folders. This happens while the checkpoint is still held, so another start
+    /// cannot take it in between (see `CheckpointGuard::acquire`). A failure to remove is
+    /// reported as a warning naming the path: the refusal is the error that counts.
+    pub async fn release_refused(&self) {
+        if self.created {
+            let undone = match &self.made {
+                Some(top) => top.remove_made_folder().await,
+                None => {
+                    async {
+                        self.root.delete("metadata").await?;
+                        self.root.remove_empty_folders().await?;
+                        if self.root.is_local() {
+                            self.root.delete(lock::LOCK).await?;
+                        }
+                        Ok(())
+                    }
+                    .await
+                }
+            };
+            if let Err(e) = undone {
+                tracing::warn!(
+                    checkpoint = %self.root,
+                    "removing what the refused start wrote failed: {e}"
+                );
+            }
+        }
+        self.release().await;
     }
 
     /// The batch ids in `offsets/` and `commits/`.

@@ -216,14 +216,14 @@ impl Parts {
 }
 
 /// `steps`' result; when it failed, the checkpoint is released first (the query that took
-/// it will not run).
+/// it will not run), and a checkpoint this start created is removed.
 async fn released_on_error<T>(
     checkpoint: &Checkpoint,
     steps: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     let result = steps.await;
     if result.is_err() {
-        checkpoint.release().await;
+        checkpoint.release_refused().await;
     }
     result
 }

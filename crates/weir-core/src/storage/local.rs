@@ -80,6 +80,69 @@ pub(super) fn create_dir_durable(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The topmost folder of `dir`'s chain that does not exist yet (`dir` itself when only it is
+/// missing); `None` when `dir` exists.
+pub(super) fn topmost_missing(dir: &Path) -> Result<Option<PathBuf>> {
+    let mut top = None;
+    let mut cur = Some(dir);
+    while let Some(d) = cur {
+        match fs::metadata(d) {
+            Ok(_) => break,
+            Err(e) if e.kind() == ErrorKind::NotFound => top = Some(d.to_path_buf()),
+            Err(e) => return Err(Error::io("looking at", d, e)),
+        }
+        cur = d.parent();
+    }
+    Ok(top)
+}
+
+/// Removes the folder `dir` and everything in it (a missing folder is not an error), and
+/// forgets that folders under it were made durable.
+pub(super) fn remove_tree(dir: &Path) -> Result<()> {
+    if let Ok(mut s) = durable_dirs().lock() {
+        s.retain(|d| !d.starts_with(dir));
+    }
+    match fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("removing folder", dir, e)),
+    }
+    match dir.parent() {
+        Some(p) => sync_dir(p),
+        None => Ok(()),
+    }
+}
+
+/// Removes the empty folders under `dir`, deepest first (folders that hold a file stay, and
+/// so does `dir`).
+pub(super) fn remove_empty_folders_under(dir: &Path) -> Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("listing", dir, e)),
+    };
+    let mut removed = false;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("listing", dir, e))?;
+        let path = entry.path();
+        if !entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            continue;
+        }
+        remove_empty_folders_under(&path)?;
+        match fs::remove_dir(&path) {
+            Ok(()) => {
+                removed = true;
+                if let Ok(mut s) = durable_dirs().lock() {
+                    s.retain(|d| !d.starts_with(&path));
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {}
+            Err(e) => return Err(Error::io("removing folder", &path, e)),
+        }
+    }
+    if removed { sync_dir(dir) } else { Ok(()) }
+}
+
 fn parent(path: &Path) -> Result<&Path> {
     path.parent()
         .ok_or_else(|| Error::config("path", format!("{} has no parent folder", path.display())))

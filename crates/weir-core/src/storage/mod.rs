@@ -476,6 +476,43 @@ impl Location {
         }
     }
 
+    /// A local folder: the topmost folder of its path that does not exist yet (what
+    /// [`Location::create_dir`] would make); `None` when it exists or is not local.
+    pub async fn topmost_missing(&self) -> Result<Option<Location>> {
+        match &self.backend {
+            Backend::Local(p) => {
+                let p = p.clone();
+                Ok(blocking(move || local::topmost_missing(&p))
+                    .await?
+                    .map(Location::local))
+            }
+            Backend::Remote { .. } => Ok(None),
+        }
+    }
+
+    /// A local folder: removes it and everything in it. Only for folders this process made
+    /// (see [`Location::topmost_missing`]); on object stores it does nothing.
+    pub async fn remove_made_folder(&self) -> Result<()> {
+        match &self.backend {
+            Backend::Local(p) => {
+                let p = p.clone();
+                blocking(move || local::remove_tree(&p)).await
+            }
+            Backend::Remote { .. } => Ok(()),
+        }
+    }
+
+    /// A local folder: removes the empty folders under it (it stays).
+    pub async fn remove_empty_folders(&self) -> Result<()> {
+        match &self.backend {
+            Backend::Local(p) => {
+                let p = p.clone();
+                blocking(move || local::remove_empty_folders_under(&p)).await
+            }
+            Backend::Remote { .. } => Ok(()),
+        }
+    }
+
     /// Deletes several files, then (locally) fsyncs the folder once.
     pub async fn delete_many(&self, names: Vec<String>) -> Result<()> {
         if names.is_empty() {
