@@ -114,8 +114,16 @@ enum Command {
 
 #[derive(Subcommand)]
 enum CheckpointCommand {
-    /// Batches, the pending one, offsets and files per batch (a folder or a URL).
-    Show { dir: String },
+    /// Batches, the pending one, offsets and files per batch: of a checkpoint folder or
+    /// URL, or of the checkpoint a pipeline file (`.toml`) names, with its `[storage]`.
+    Show {
+        /// The checkpoint (a folder or a URL such as s3://bucket/chk), or a pipeline file.
+        dir: String,
+        /// An object-store setting, as in a pipeline's `[storage]` (repeatable): e.g.
+        /// --storage aws_endpoint=http://127.0.0.1:5000 --storage aws_access_key_id=env:KEY.
+        #[arg(long = "storage", value_name = "KEY=VALUE")]
+        storage: Vec<String>,
+    },
 }
 
 /// `--log-format json`: every line on stderr is a JSON object, the notices below too.
@@ -299,8 +307,8 @@ async fn dispatch(command: Command) -> Result<()> {
         Command::Chaos(args) => chaos::run(args).await,
         Command::Soak(args) => soak::run(args).await,
         Command::Checkpoint {
-            command: CheckpointCommand::Show { dir },
-        } => show::show(&dir).await,
+            command: CheckpointCommand::Show { dir, storage },
+        } => show::show(&dir, &storage).await,
     }
 }
 

@@ -4,9 +4,10 @@ use anyhow::Result;
 use weir_core::checkpoint::{Checkpoint, StartPoint};
 use weir_core::storage::{Location, StorageOptions};
 
-pub(crate) async fn show(at: &str) -> Result<()> {
+pub(crate) async fn show(at: &str, storage: &[String]) -> Result<()> {
+    let root = checkpoint_at(at, storage)?;
     let mut out = String::new();
-    let r = show_into(at, &mut out).await;
+    let r = show_into(root, &mut out).await;
     // A reader that went away (`| head`) is not an error.
     use std::io::Write;
     match std::io::stdout().write_all(out.as_bytes()) {
@@ -16,14 +17,51 @@ pub(crate) async fn show(at: &str) -> Result<()> {
     r
 }
 
-async fn show_into(at: &str, out: &mut String) -> Result<()> {
+/// The checkpoint `at` names: a pipeline file's (with its `[storage]`, and `--storage` on
+/// top), or a folder or URL with the `--storage` settings.
+fn checkpoint_at(at: &str, storage: &[String]) -> Result<Location> {
+    let mut values = std::collections::BTreeMap::new();
+    for kv in storage {
+        let Some((k, v)) = kv.split_once('=') else {
+            anyhow::bail!("--storage {kv}: give KEY=VALUE, e.g. aws_region=us-east-1");
+        };
+        let key = k.trim();
+        values.insert(
+            key.to_string(),
+            weir_core::connector::secret(&format!("--storage {key}"), v.trim())?,
+        );
+    }
+    let path = std::path::Path::new(at);
+    if path.is_file() {
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            anyhow::bail!(
+                "{at} is a file, not a checkpoint folder: give the checkpoint folder or URL,                  or a pipeline file (.toml)"
+            );
+        }
+        let pipeline = crate::pipeline::Pipeline::load(path)?;
+        let mut env = pipeline.env()?;
+        if !values.is_empty() {
+            let mut merged = env.storage.as_map().clone();
+            merged.extend(values);
+            env.storage = StorageOptions::new(merged)?;
+        }
+        return Ok(env.location("query.checkpoint", &pipeline.query.checkpoint)?);
+    }
+    Ok(Location::parse(
+        "checkpoint",
+        at,
+        None,
+        &StorageOptions::new(values)?,
+    )?)
+}
+
+async fn show_into(root: Location, out: &mut String) -> Result<()> {
     use std::fmt::Write;
     macro_rules! say {
         ($($t:tt)*) => {{
             let _ = writeln!(out, $($t)*);
         }};
     }
-    let root = Location::parse("checkpoint", at, None, &StorageOptions::default())?;
     let Some(cp) = Checkpoint::inspect(root.clone()).await? else {
         anyhow::bail!("{root} is not a checkpoint: it has no metadata file");
     };

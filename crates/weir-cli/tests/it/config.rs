@@ -163,6 +163,25 @@ fn checkpoint_show_names_the_pending_batch_and_its_files() {
     );
     assert!(text.contains("batch 1 is not committed"), "{text}");
     assert!(text.contains("orders-00001.json"), "{text}");
+    // The pipeline file names the same checkpoint.
+    let by_pipeline = run_weir(&bin(), &["checkpoint", "show", p.to_str().unwrap()], None);
+    assert_eq!(String::from_utf8_lossy(&by_pipeline.stdout), text);
+    let bad = run_weir(
+        &bin(),
+        &[
+            "checkpoint",
+            "show",
+            chk.to_str().unwrap(),
+            "--storage",
+            "novalue",
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("give KEY=VALUE"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -242,6 +242,23 @@ path = "{parquet}"
     let query = QueryIdentity::of(&cp, "on-s3");
     let (_, commits) = cp.batch_ids().await.unwrap();
     assert_eq!(commits, vec![0, 1, 2], "6 files, 2 per batch");
+    // `weir checkpoint show` reads it through the pipeline file, or its URL and --storage.
+    let mut by_url = vec!["checkpoint".to_string(), "show".into(), url("chk")];
+    for (k, v) in s3().options() {
+        by_url.push("--storage".into());
+        by_url.push(format!("{k}={v}"));
+    }
+    let by_url: Vec<&str> = by_url.iter().map(String::as_str).collect();
+    for args in [vec!["checkpoint", "show", p.to_str().unwrap()], by_url] {
+        let out = run_weir(&bin(), &args, None);
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success()
+                && shown.contains("batches    0..=2 in the offset log, 3 committed"),
+            "{args:?}: {shown}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let append = weir_delta::DeltaReader {
         at: root.join("append"),
         app_id: None,
