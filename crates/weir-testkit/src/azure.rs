@@ -1,9 +1,11 @@
 //! Azure's emulator Azurite (npm `azurite`), blob service only, for tests. One per test
-//! binary, on the emulator's default port 10000 (object_store's emulator mode, the only one
-//! that lists correctly against Azurite, which ignores `startFrom`, finds it there without
-//! an environment variable), stopped when the test process ends. The binary is
-//! `$AZURITE_BLOB`, or `/opt/azurite/node_modules/.bin/azurite-blob` where `.ci/run`
-//! installs it.
+//! binary, on a free port, stopped when the test process ends. Clients reach it through
+//! `azure_storage_endpoint` (the account in the path, as the emulator serves it), not
+//! object_store's emulator mode, which only knows port 10000 (or a process-wide
+//! environment variable). Azurite ignores a listing's `startFrom`; weir's stores filter
+//! such listings themselves, so the non-emulator mode lists correctly against it. The
+//! binary is `$AZURITE_BLOB`, or `/opt/azurite/node_modules/.bin/azurite-blob` where
+//! `.ci/run` installs it.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -39,13 +41,7 @@ fn start() -> Azurite {
         "npm install --prefix /opt/azurite azurite",
     );
     let dir = crate::temp_dir().keep();
-    let port = 10000;
-    if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-        panic!(
-            "port {port}, Azurite's default, is taken: stop what listens there (object_store's \
-             emulator mode talks to 127.0.0.1:10000)"
-        );
-    }
+    let port = crate::service::free_port();
     let mut cmd = Command::new(bin);
     cmd.args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
         .arg("--location")
@@ -67,12 +63,16 @@ impl Azurite {
     /// The object-store settings for this emulator (`[storage]` in a pipeline).
     pub fn options(&self) -> BTreeMap<String, String> {
         [
-            ("azure_storage_use_emulator", "true"),
             ("azure_storage_account_name", ACCOUNT),
             ("azure_storage_account_key", KEY),
+            ("azure_allow_http", "true"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain([(
+            "azure_storage_endpoint".to_string(),
+            format!("{}/{ACCOUNT}", self.endpoint),
+        )])
         .collect()
     }
 

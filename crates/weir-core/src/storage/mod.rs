@@ -44,6 +44,7 @@ mod followed {
 pub mod journal;
 mod local;
 mod names;
+mod offset_listing;
 mod options;
 mod remote;
 mod write;

@@ -70,7 +70,9 @@ pub fn object_store_for(
             for (k, v) in options.for_cloud(cloud) {
                 b = b.with_config(k.to_ascii_lowercase().parse::<AzureConfigKey>()?, v);
             }
-            Arc::new(b.build()?)
+            Arc::new(super::offset_listing::OffsetListing {
+                inner: Arc::new(b.build()?),
+            })
         }
         Cloud::Gcs => {
             let mut b = GoogleCloudStorageBuilder::from_env().with_url(root);
