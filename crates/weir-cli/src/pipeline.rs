@@ -86,6 +86,9 @@ pub(crate) struct QueryConfig {
     /// How long the lease of an object-store checkpoint lives without renewal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl: Option<DurationText>,
+    /// How long a start waits for another process holding the checkpoint to let it go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_wait: Option<DurationText>,
     /// How failures that may pass (a server down, a connection cut) are met.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryConfig>,
@@ -441,6 +444,9 @@ impl Pipeline {
         }
         if let Some(n) = self.query.min_batches_to_retain {
             writer = writer.min_batches_to_retain(n);
+        }
+        if let Some(t) = self.query.lease_wait {
+            writer = writer.lease_wait(t.0);
         }
         if let Some(t) = self.query.lease_ttl {
             writer = writer.lease_ttl(t.0);

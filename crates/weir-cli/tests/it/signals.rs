@@ -262,3 +262,42 @@ fn json_logs_carry_the_query_and_batch_id() {
         "{last}"
     );
 }
+
+/// A new process started with `lease-wait` while the old one still holds the checkpoint
+/// waits for it instead of refusing, then goes on from where the old one stopped.
+#[tokio::test]
+async fn a_start_with_lease_wait_takes_over_when_the_holder_stops() {
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 4, 5, 3);
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let next = dir.path().join("next.toml");
+    std::fs::write(
+        &next,
+        text.replace("[query]\n", "[query]\nlease-wait = \"60s\"\n"),
+    )
+    .unwrap();
+    let old = start(&p, 1500, &[]);
+    wait_for(&dir.path().join("chk/offsets/1"));
+    let mut new = Command::new(bin())
+        .args(["run", next.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        new.try_wait().unwrap().is_none(),
+        "the new process waits while the old one holds the checkpoint"
+    );
+    signal(&old, "-TERM");
+    let (code, err) = finish(old);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = finish(new);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("lease-wait"), "{err}");
+    let cols = ["order_id", "status", "amount", "updated_at"];
+    assert_eq!(
+        parquet_rows(&dir.path().join("out"), &cols).await,
+        input_rows(&dir.path().join("in")).await
+    );
+}

@@ -587,7 +587,17 @@ impl DataStreamWriter {
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease = LeaseSettings {
             ttl: ttl.max(Duration::from_millis(300)),
+            ..self.lease
         };
+        self
+    }
+
+    /// How long a start waits for another process holding the checkpoint (a local lock,
+    /// or a lease it still renews) to let it go before refusing with "another query is
+    /// using the checkpoint" (default 0: at once). For deployments where the new process
+    /// starts before the old one has stopped.
+    pub fn lease_wait(mut self, wait: Duration) -> Self {
+        self.lease = LeaseSettings { wait, ..self.lease };
         self
     }
 

@@ -27,13 +27,18 @@ pub(super) const LOCK: &str = ".lock";
 /// How long an object-store lease lives without renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseSettings {
+    /// How long an object-store lease lives without renewal.
     pub ttl: Duration,
+    /// How long a start waits for another process holding the checkpoint (its lock or a
+    /// lease it renews) to let it go before it refuses; zero refuses at once.
+    pub wait: Duration,
 }
 
 impl Default for LeaseSettings {
     fn default() -> Self {
         LeaseSettings {
             ttl: Duration::from_secs(30),
+            wait: Duration::ZERO,
         }
     }
 }
@@ -79,8 +84,33 @@ fn host() -> String {
 }
 
 impl CheckpointGuard {
-    /// Takes the checkpoint at `root`, or fails with `CheckpointInUse`.
+    /// Takes the checkpoint at `root`, waiting up to `settings.wait` while another process
+    /// holds it, or fails with `CheckpointInUse`.
     pub async fn acquire(root: &Location, settings: LeaseSettings) -> Result<Self> {
+        let deadline = tokio::time::Instant::now() + settings.wait;
+        let mut told = false;
+        loop {
+            match Self::try_acquire(root, settings).await {
+                Err(Error::CheckpointInUse { detail, .. })
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    if !told {
+                        tracing::warn!(
+                            checkpoint = %root,
+                            "waiting up to {} ms (lease-wait) for the checkpoint: {detail}",
+                            settings.wait.as_millis()
+                        );
+                        told = true;
+                    }
+                    let left = deadline - tokio::time::Instant::now();
+                    tokio::time::sleep(left.min(Duration::from_millis(250))).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn try_acquire(root: &Location, settings: LeaseSettings) -> Result<Self> {
         match root.local_path() {
             Some(dir) => {
                 let path = dir.join(LOCK);
