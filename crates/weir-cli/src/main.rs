@@ -92,6 +92,11 @@ enum Command {
     Check {
         /// The pipeline file.
         pipeline: PathBuf,
+        /// Also reaches every place and server the pipeline uses (checkpoint, source, sinks,
+        /// workers), writing nothing, and says what it found; exits 1 if one cannot be
+        /// reached.
+        #[arg(long)]
+        connect: bool,
     },
     /// Writes a set of order files and runs the seed's orders pipeline on them:
     /// files -> newest row per order_id -> Delta MERGE (and Parquet).
@@ -271,7 +276,7 @@ async fn dispatch(command: Command) -> Result<()> {
             };
             run_pipeline(&pipeline, &opts).await
         }
-        Command::Check { pipeline } => {
+        Command::Check { pipeline, connect } => {
             let p = pipeline::Pipeline::load(&pipeline)?;
             let transform = p
                 .check_transform()
@@ -284,6 +289,23 @@ async fn dispatch(command: Command) -> Result<()> {
                 p.labels()?.join(", "),
                 transform.map(|t| format!("; {t}")).unwrap_or_default()
             );
+            if connect {
+                let found = p.probe().await?;
+                let failed = found.iter().filter(|(_, r)| r.is_err()).count();
+                for (what, outcome) in &found {
+                    match outcome {
+                        Ok(text) => println!("  reached  {what}: {text}"),
+                        Err(e) => println!("  FAILED   {what}: {e}"),
+                    }
+                }
+                if failed > 0 {
+                    anyhow::bail!(
+                        "{}: {failed} of {} places cannot be reached (see FAILED above)",
+                        pipeline.display(),
+                        found.len()
+                    );
+                }
+            }
             Ok(())
         }
         Command::Worker { listen, token } => run_worker(&listen, token.as_deref()).await,

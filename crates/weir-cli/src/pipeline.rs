@@ -387,6 +387,67 @@ impl Pipeline {
         }
     }
 
+    /// `weir check --connect`: reaches every place and server the pipeline uses (the
+    /// checkpoint, the source, each sink, the cluster's workers), writing nothing. One
+    /// `(what, outcome)` per place, in that order; each is tried whatever the others gave.
+    pub(crate) async fn probe(&self) -> Result<Vec<(String, Result<String, String>)>> {
+        let env = self.env()?;
+        let text = |r: weir_core::Result<String>| r.map_err(|e| weir_core::error::error_chain(&e));
+        let mut out = Vec::new();
+        let checkpoint = env.location("query.checkpoint", &self.query.checkpoint)?;
+        let found = async {
+            let place = checkpoint.probe().await?;
+            Ok(
+                match weir_core::checkpoint::Checkpoint::inspect(checkpoint.clone()).await? {
+                    None => format!("{place}; no checkpoint yet (the first run makes one)"),
+                    Some(cp) => {
+                        let (_, commits) = cp.batch_ids().await?;
+                        format!(
+                            "{place}; query {}, {}",
+                            cp.query_id(),
+                            match commits.last() {
+                                Some(b) => format!("last committed batch {b}"),
+                                None => "no batch committed".into(),
+                            }
+                        )
+                    }
+                },
+            )
+        }
+        .await;
+        out.push((format!("checkpoint {checkpoint}"), text(found)));
+        out.push((
+            format!("source ({})", self.source.kind()),
+            text(self.source.spec().probe(&env).await),
+        ));
+        for (i, s) in self.sinks.iter().enumerate() {
+            out.push((
+                format!("sink[{i}] {}", s.spec().label(&env)),
+                text(s.spec().probe(&env).await),
+            ));
+        }
+        if let Some(c) = &self.cluster {
+            use weir_core::engine::Cluster;
+            let found = async {
+                let cluster = WeirCluster::new(c, weir::config::NODES).map_err(|e| {
+                    weir_core::Error::Config {
+                        key: "cluster".into(),
+                        reason: e.to_string(),
+                    }
+                })?;
+                let usable = cluster.prepare().await?;
+                Ok(format!(
+                    "{} usable worker(s): {}",
+                    usable.len(),
+                    usable.join(", ")
+                ))
+            }
+            .await;
+            out.push(("cluster".to_string(), text(found)));
+        }
+        Ok(out)
+    }
+
     /// The sinks' labels, in file order.
     pub(crate) fn labels(&self) -> Result<Vec<String>> {
         let env = self.env()?;

@@ -171,6 +171,14 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// `weir check --connect`: a place or server the pipeline uses could not be reached.
+    #[error("{what} cannot be reached")]
+    Unreachable {
+        what: String,
+        #[source]
+        source: BoxError,
+    },
+
     /// A sink refused to start (it checks where it writes before the first batch).
     #[error("a sink refused to start; nothing was run")]
     SinkRefused {

@@ -151,6 +151,33 @@ impl SourceSpec for KafkaConfig {
         Ok(Arc::new(KafkaSource::new(self.options()?)?))
     }
 
+    /// Asks the brokers for the subscribed topics' partitions (30 s at most).
+    async fn probe(&self, _env: &BuildEnv) -> Result<String> {
+        let o = self.options()?;
+        let what = format!("Kafka brokers {}", o.bootstrap_servers);
+        let found = tokio::task::spawn_blocking(move || {
+            let c = crate::client::consumer(&o)?;
+            crate::client::partitions(&c, &o)
+        })
+        .await
+        .map_err(|e| Error::Internal {
+            what: format!("asking {what} for metadata: {e}"),
+        })?
+        .map_err(|e| Error::Unreachable {
+            what: what.clone(),
+            source: Box::new(e),
+        })?;
+        let mut topics: BTreeMap<&str, usize> = BTreeMap::new();
+        for (t, _) in &found {
+            *topics.entry(t).or_default() += 1;
+        }
+        let listed: Vec<String> = topics
+            .iter()
+            .map(|(t, n)| format!("{t} ({n} partition{})", if *n == 1 { "" } else { "s" }))
+            .collect();
+        Ok(format!("{what}: {}", listed.join(", ")))
+    }
+
     fn schema(&self, _env: &BuildEnv) -> Result<Option<SchemaRef>> {
         // Making the source connects to nothing (its consumer is made at first use).
         Ok(Some(KafkaSource::new(self.options()?)?.schema()))

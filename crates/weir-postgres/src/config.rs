@@ -117,7 +117,74 @@ impl PostgresUpsertConfig {
     }
 }
 
+#[async_trait]
 impl SinkSpec for PostgresUpsertConfig {
+    /// Connects (10 s at most), and says the server's version and whether the table and
+    /// the ledger are there; a missing table without `create-table` is an error.
+    async fn probe(&self, _env: &BuildEnv) -> Result<String> {
+        let what = format!("postgres-upsert {}", self.table);
+        let url = secret("sink.url", &self.url)?;
+        let unreachable = |e: Box<dyn std::error::Error + Send + Sync>| Error::Unreachable {
+            what: what.clone(),
+            source: e,
+        };
+        let (client, conn) = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            tokio_postgres::connect(&url, NoTls),
+        )
+        .await
+        .map_err(|_| unreachable("no answer to the connection in 10 s".into()))?
+        .map_err(|e| unreachable(e.into()))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let version: String = client
+            .query_one("SHOW server_version", &[])
+            .await
+            .map_err(|e| unreachable(e.into()))?
+            .get(0);
+        let exists = |name: String| {
+            let client = &client;
+            async move {
+                client
+                    .query_one("SELECT to_regclass($1)::text", &[&name])
+                    .await
+                    .map(|r| r.get::<_, Option<String>>(0).is_some())
+            }
+        };
+        let table = exists(self.table.clone())
+            .await
+            .map_err(|e| unreachable(e.into()))?;
+        let ledger = exists(self.ledger_name())
+            .await
+            .map_err(|e| unreachable(e.into()))?;
+        if !table && !self.create_table {
+            return Err(Error::config(
+                "sink.table",
+                format!(
+                    "the table {} does not exist in the database (PostgreSQL {version}); \
+                     create it, or set create-table = true",
+                    self.table
+                ),
+            ));
+        }
+        Ok(format!(
+            "PostgreSQL {version}; table {} {}; ledger {} {}",
+            self.table,
+            if table {
+                "exists"
+            } else {
+                "is created at the first batch"
+            },
+            self.ledger_name(),
+            if ledger {
+                "exists"
+            } else {
+                "is created at the first batch"
+            },
+        ))
+    }
+
     fn label(&self, _env: &BuildEnv) -> String {
         format!("postgres-upsert {}", self.table)
     }

@@ -139,6 +139,7 @@ pub trait SinkVerifier: Send + Sync {
 
 /// A sink config, as production uses it: what the sink is called, the checks of its
 /// settings and the sink itself.
+#[async_trait]
 pub trait SinkSpec: Send + Sync + Debug {
     /// The name in progress, errors and reports: the kind and where it writes.
     fn label(&self, env: &BuildEnv) -> String;
@@ -157,6 +158,16 @@ pub trait SinkSpec: Send + Sync + Debug {
     /// must not share one.
     fn location(&self, _env: &BuildEnv) -> Option<Location> {
         None
+    }
+
+    /// Checks that where the sink writes can be reached, writing nothing (`weir check
+    /// --connect`), and says what it found. By default its folder ([`Location::probe`]),
+    /// which the label already names.
+    async fn probe(&self, env: &BuildEnv) -> Result<String> {
+        match self.location(env) {
+            Some(at) => at.probe().await,
+            None => Ok("nothing to reach".into()),
+        }
     }
 }
 
@@ -207,6 +218,16 @@ pub trait SourceSpec: Send + Sync + Debug {
     /// The folder the source reads, if it reads one.
     fn location(&self, _env: &BuildEnv) -> Option<Location> {
         None
+    }
+
+    /// Checks that what the source reads can be reached, reading as little as possible
+    /// (`weir check --connect`), and says what it found. By default its folder
+    /// ([`Location::probe`]).
+    async fn probe(&self, env: &BuildEnv) -> Result<String> {
+        match self.location(env) {
+            Some(at) => Ok(format!("{at}: {}", at.probe().await?)),
+            None => Ok("nothing to reach".into()),
+        }
     }
 
     /// The read limits the config sets (max files / offsets per trigger, ...).

@@ -428,6 +428,64 @@ impl Location {
         }
     }
 
+    /// Checks that the place can be reached, reading as little as possible: a local folder
+    /// (or, if it does not exist yet, the folder it would be made in) must be a folder;
+    /// an object-store prefix is listed once. Says what it found.
+    pub async fn probe(&self) -> Result<String> {
+        match &self.backend {
+            Backend::Local(p) => {
+                let p = p.clone();
+                blocking(move || {
+                    let mut at = p.as_path();
+                    loop {
+                        match std::fs::metadata(at) {
+                            Ok(m) if m.is_dir() && at == p => {
+                                let files = std::fs::read_dir(at)
+                                    .map_err(|e| Error::io("listing", at, e))?
+                                    .next()
+                                    .is_some();
+                                return Ok(if files {
+                                    "a folder, not empty".to_string()
+                                } else {
+                                    "an empty folder".to_string()
+                                });
+                            }
+                            Ok(m) if m.is_dir() => {
+                                return Ok(format!(
+                                    "does not exist yet; {} is where it would be made",
+                                    at.display()
+                                ));
+                            }
+                            Ok(_) => {
+                                return Err(Error::io(
+                                    "looking at (a file, not a folder)",
+                                    at,
+                                    std::io::Error::from(std::io::ErrorKind::NotADirectory),
+                                ));
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                                match at.parent() {
+                                    Some(up) => at = up,
+                                    None => return Err(Error::io("looking at", at, e)),
+                                }
+                            }
+                            Err(e) => return Err(Error::io("looking at", at, e)),
+                        }
+                    }
+                })
+                .await
+            }
+            Backend::Remote { store, prefix } => {
+                let any = remote::probe(store.as_ref(), prefix, &self.to_string()).await?;
+                Ok(if any {
+                    "reachable, not empty".to_string()
+                } else {
+                    "reachable, empty".to_string()
+                })
+            }
+        }
+    }
+
     /// The names of the files directly in this folder, without sizes or times (cheaper
     /// locally: no `stat` per file).
     pub async fn list_names(&self) -> Result<Vec<String>> {

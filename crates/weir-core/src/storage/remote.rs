@@ -194,6 +194,17 @@ pub(super) async fn head(
     }
 }
 
+/// Whether anything is stored under `prefix`: one listing request, which fails when the
+/// bucket or container is missing, the credentials are refused or the server is down.
+pub(super) async fn probe(store: &dyn ObjectStore, prefix: &ObjPath, what: &str) -> Result<bool> {
+    use futures::StreamExt;
+    match store.list(Some(prefix)).next().await {
+        None => Ok(false),
+        Some(Ok(_)) => Ok(true),
+        Some(Err(e)) => Err(err("listing", what, e)),
+    }
+}
+
 pub(super) async fn list(
     store: &dyn ObjectStore,
     prefix: &ObjPath,
