@@ -98,10 +98,26 @@ pub fn check_loss(
             detail,
         });
     }
-    tracing::warn!(
-        "topic {topic} partition {p}: {detail}; reading on from {low} (failOnDataLoss=false)"
-    );
+    // Once per loss: the same partition is checked again at every trigger until a batch
+    // moves past it, and again when the batch is read.
+    if first_report(topic, p, begin, low) {
+        tracing::warn!(
+            "topic {topic} partition {p}: {detail}; reading on from {low} (failOnDataLoss=false)"
+        );
+    }
     Ok(low)
+}
+
+/// True the first time this process reports the loss of `begin..low` in a partition.
+fn first_report(topic: &str, p: i32, begin: i64, low: i64) -> bool {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    type Seen = Mutex<HashSet<(String, i32, i64, i64)>>;
+    static SEEN: OnceLock<Seen> = OnceLock::new();
+    SEEN.get_or_init(Default::default)
+        .lock()
+        .map(|mut s| s.insert((topic.to_string(), p, begin, low)))
+        .unwrap_or(true)
 }
 
 #[cfg(test)]
@@ -156,6 +172,8 @@ mod tests {
             Err(KafkaSourceError::DataLoss { .. })
         ));
         assert_eq!(check_loss(false, "t", 0, 5, 10, 20).unwrap(), 10);
+        assert!(!first_report("t", 0, 5, 10), "reported once, by the call above");
+        assert!(first_report("t", 0, 6, 10), "another loss is reported");
         assert_eq!(check_loss(true, "t", 0, 15, 10, 20).unwrap(), 15);
         assert!(
             check_loss(true, "t", 0, 25, 0, 3)

@@ -178,6 +178,19 @@ impl KafkaSource {
         }
     }
 
+    /// Each partition's latest offset now, checking nothing against the query's position.
+    async fn latest_now(&self) -> Result<Positions> {
+        self.with_reader(move |c, o| {
+            let mut highs = BTreeMap::new();
+            for (t, p) in partitions(c, o)? {
+                let (_, high) = watermarks(c, &t, p)?;
+                highs.insert((t, p), high);
+            }
+            Ok(highs)
+        })
+        .await
+    }
+
     /// Where each partition begins (checked for data loss) and its latest offset now.
     async fn positions(&self, begin: PartitionOffsets) -> Result<(Positions, Positions)> {
         let fail = self.opts.fail_on_data_loss;
@@ -245,7 +258,10 @@ impl Source for KafkaSource {
 
     async fn prepare_available_now(&self) -> Result<()> {
         // Spark's prepareForTriggerAvailableNow: the latest offsets now are the target.
-        let (_, highs) = self.positions(PartitionOffsets::new()).await?;
+        // Only the latest offsets: where the query stands is checked when a batch is
+        // planned (checking from offset 0 here reported data loss, "offsets 0..N were
+        // deleted", for any topic whose retention had removed its first records).
+        let highs = self.latest_now().await?;
         *self.available_now.lock().map_err(|_| self.poisoned())? = Some(highs);
         Ok(())
     }
