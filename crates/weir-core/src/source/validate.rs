@@ -145,14 +145,32 @@ impl<'de> Visitor<'de> for Value<'_> {
             Err(self.wrong("a number (timestamps and dates are ISO-8601 strings)"))
         }
     }
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
-        // Strings go to text, temporal and (as arrow-json parses them) numeric columns;
-        // a string arrow-json cannot parse fails its decoding, which names the record.
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+        // As Spark's JSON reader: a number in quotes is not a number (`"7.25"` in a double
+        // column is a bad record), except the spellings of NaN and infinity in float
+        // columns; decimals take strings. Strings go to text and temporal columns; one
+        // arrow-json cannot parse there fails its decoding, which names the record.
+        if integer(self.dt) {
+            return Err(self.wrong(&format!(
+                "the string \"{v}\" (numbers are written without quotes)"
+            )));
+        }
+        if matches!(
+            self.dt,
+            DataType::Float16 | DataType::Float32 | DataType::Float64
+        ) && !matches!(
+            v,
+            "NaN" | "Infinity" | "+Infinity" | "-Infinity" | "INF" | "+INF" | "-INF"
+        ) {
+            return Err(self.wrong(&format!(
+                "the string \"{v}\" (numbers are written without quotes; \"NaN\", \
+                 \"Infinity\" and \"-Infinity\" are the strings a float takes)"
+            )));
+        }
         if matches!(
             self.dt,
             DataType::Boolean | DataType::Binary | DataType::LargeBinary
-        ) && !text(self.dt)
-        {
+        ) {
             return Err(self.wrong("a string"));
         }
         Ok(())
@@ -207,6 +225,8 @@ mod tests {
             r#"{"id":null,"extra":{"deep":[1,2]}}"#,
             r#"{"name":5}"#,
             "  {\"id\": 1}  ",
+            r#"{"x":"NaN"}"#,
+            r#"{"x":"-Infinity"}"#,
         ] {
             assert!(check_record(&schema, ok.as_bytes()).is_ok(), "{ok}");
         }
@@ -217,6 +237,8 @@ mod tests {
             (r#"{"id":5 "name":"q"}"#, ""),
             (r#"{"id":5}{"id":6}"#, "more than one JSON value"),
             (r#"{"id":5.7}"#, "fraction"),
+            (r#"{"x":"7.25"}"#, "the string \"7.25\""),
+            (r#"{"id":"12"}"#, "numbers are written without quotes"),
             (r#"{"at":1767225600}"#, "ISO-8601"),
             (r#"[1,2]"#, ""),
         ] {
