@@ -428,6 +428,19 @@ pub fn is_transient(e: &(dyn std::error::Error + 'static)) -> bool {
         {
             return true;
         }
+        // An object store's request that could not connect, was cut or timed out (the
+        // store already retried it; `HttpErrorKind::Decode`/`Unknown` are not network).
+        if let Some(http) = err.downcast_ref::<object_store::client::HttpError>()
+            && matches!(
+                http.kind(),
+                object_store::client::HttpErrorKind::Connect
+                    | object_store::client::HttpErrorKind::Request
+                    | object_store::client::HttpErrorKind::Timeout
+                    | object_store::client::HttpErrorKind::Interrupted
+            )
+        {
+            return true;
+        }
         if let Some(io) = err.downcast_ref::<std::io::Error>()
             && matches!(
                 io.kind(),

@@ -166,6 +166,7 @@ pub(crate) fn partitions(
                 topic: t.name().to_string(),
                 partition: None,
                 detail: format!("{e:?}"),
+                transient: crate::error::transient_code(e.into()),
             });
         }
         for p in t.partitions() {
@@ -174,6 +175,7 @@ pub(crate) fn partitions(
                     topic: t.name().to_string(),
                     partition: Some(p.id()),
                     detail: format!("{e:?}"),
+                    transient: crate::error::transient_code(e.into()),
                 });
             }
             out.push((t.name().to_string(), p.id()));
@@ -186,6 +188,7 @@ pub(crate) fn partitions(
                     topic: t.clone(),
                     partition: None,
                     detail: "the broker does not list the topic".into(),
+                    transient: false,
                 });
             }
         }

@@ -27,6 +27,9 @@ pub enum KafkaSourceError {
         topic: String,
         partition: Option<i32>,
         detail: String,
+        /// The broker's error is one that passes (a leader being elected, a broker
+        /// starting): see [`KafkaSourceError::is_transient`].
+        transient: bool,
     },
 
     /// A value could not be parsed in FAILFAST mode.
@@ -54,4 +57,99 @@ pub enum KafkaSourceError {
     /// An offset or option is not in the expected shape.
     #[error("invalid {what}: {reason}")]
     Invalid { what: String, reason: String },
+}
+
+impl KafkaSourceError {
+    /// Whether running the batch again later may succeed: librdkafka's transport, timeout
+    /// and broker-, leader- or coordinator-not-available errors, a metadata answer with such
+    /// an error, and a read that stalled. Data loss, a malformed record, a missing topic or
+    /// a refused setting are not. Decided by error code, never by text.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            KafkaSourceError::Kafka { source, .. } => {
+                source.rdkafka_error_code().is_some_and(transient_code)
+            }
+            KafkaSourceError::Metadata { transient, .. } => *transient,
+            KafkaSourceError::Stalled { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The error as the engine takes it: marked `Transient` when it may pass.
+    pub fn boxed(self) -> weir_core::BoxError {
+        if self.is_transient() {
+            Box::new(weir_core::error::Transient::new(self))
+        } else {
+            Box::new(self)
+        }
+    }
+}
+
+/// The librdkafka and broker error codes that pass by themselves.
+pub(crate) fn transient_code(code: rdkafka::types::RDKafkaErrorCode) -> bool {
+    use rdkafka::types::RDKafkaErrorCode::*;
+    matches!(
+        code,
+        BrokerTransportFailure
+            | Resolve
+            | AllBrokersDown
+            | OperationTimedOut
+            | LeaderNotAvailable
+            | NotLeaderForPartition
+            | RequestTimedOut
+            | BrokerNotAvailable
+            | ReplicaNotAvailable
+            | NetworkException
+            | CoordinatorLoadInProgress
+            | CoordinatorNotAvailable
+            | NotCoordinator
+            | NotEnoughReplicas
+            | NotEnoughReplicasAfterAppend
+            | NotController
+            | KafkaStorageError
+            | FencedLeaderEpoch
+            | UnknownLeaderEpoch
+            | OffsetNotAvailable
+            | PreferredLeaderNotAvailable
+            | ThrottlingQuotaExceeded
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    use super::*;
+
+    #[test]
+    fn broker_and_network_errors_pass_and_the_rest_do_not() {
+        let kafka = |code| KafkaSourceError::Kafka {
+            action: "fetching".into(),
+            source: KafkaError::MetadataFetch(code),
+        };
+        for (e, transient) in [
+            (kafka(RDKafkaErrorCode::AllBrokersDown), true),
+            (kafka(RDKafkaErrorCode::LeaderNotAvailable), true),
+            (kafka(RDKafkaErrorCode::RequestTimedOut), true),
+            (kafka(RDKafkaErrorCode::TopicAuthorizationFailed), false),
+            (kafka(RDKafkaErrorCode::UnknownTopicOrPartition), false),
+            (
+                KafkaSourceError::DataLoss {
+                    topic: "t".into(),
+                    partition: 0,
+                    detail: "gone".into(),
+                },
+                false,
+            ),
+        ] {
+            assert_eq!(e.is_transient(), transient, "{e}");
+            let boxed = e.boxed();
+            assert_eq!(
+                weir_core::error::is_transient(boxed.as_ref()),
+                transient,
+                "{boxed}"
+            );
+        }
+    }
 }

@@ -332,7 +332,7 @@ impl ExecutionPlan for KafkaRangeExec {
                     e @ crate::error::KafkaSourceError::Malformed { .. } => {
                         weir_core::sink::task_data_error(e)
                     }
-                    e => DataFusionError::External(Box::new(e)),
+                    e => DataFusionError::External(e.boxed()),
                 };
                 DataFusionError::Context(what.clone(), Box::new(e))
             };

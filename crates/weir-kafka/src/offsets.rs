@@ -172,7 +172,10 @@ mod tests {
             Err(KafkaSourceError::DataLoss { .. })
         ));
         assert_eq!(check_loss(false, "t", 0, 5, 10, 20).unwrap(), 10);
-        assert!(!first_report("t", 0, 5, 10), "reported once, by the call above");
+        assert!(
+            !first_report("t", 0, 5, 10),
+            "reported once, by the call above"
+        );
         assert!(first_report("t", 0, 6, 10), "another loss is reported");
         assert_eq!(check_loss(true, "t", 0, 15, 10, 20).unwrap(), 15);
         assert!(

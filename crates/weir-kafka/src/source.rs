@@ -84,7 +84,7 @@ impl KafkaSource {
     }
 
     fn err(&self, e: KafkaSourceError) -> Error {
-        Error::from_source(self.description(), e)
+        Error::from_source(self.description(), e.boxed())
     }
 
     fn poisoned(&self) -> Error {

@@ -37,8 +37,36 @@ pub(crate) fn binary() -> PathBuf {
 }
 
 fn start() -> KafkaBroker {
+    let own = start_kafka();
+    KafkaBroker {
+        bootstrap: own.bootstrap.clone(),
+    }
+}
+
+/// A broker of a test's own, which the test may stop and start again (on the same port
+/// and data), touching no other test.
+#[derive(Debug)]
+pub struct OwnBroker {
+    pub bootstrap: String,
+    dir: PathBuf,
+    port: u16,
+    pid: std::sync::Mutex<u32>,
+}
+
+/// Starts a broker of the caller's own on a free port.
+pub fn start_kafka() -> OwnBroker {
     let dir = crate::temp_dir().keep();
     let port = service::free_port();
+    let pid = launch(&dir, port);
+    OwnBroker {
+        bootstrap: format!("127.0.0.1:{port}"),
+        dir,
+        port,
+        pid: std::sync::Mutex::new(pid),
+    }
+}
+
+fn launch(dir: &std::path::Path, port: u16) -> u32 {
     let mut cmd = Command::new(binary());
     cmd.args(["start", "--data-dir"])
         .arg(dir.join("data"))
@@ -50,8 +78,29 @@ fn start() -> KafkaBroker {
             "--kafka-port",
             &port.to_string(),
         ]);
-    service::start(cmd, "broker", &dir, port);
-    KafkaBroker {
-        bootstrap: format!("127.0.0.1:{port}"),
+    service::start(cmd, "broker", dir, port)
+}
+
+impl OwnBroker {
+    /// Stops the broker (SIGTERM) and waits until its port is closed.
+    pub fn stop(&self) {
+        let pid = *self.pid.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        // The port is what counts (an exited child stays a zombie until reaped).
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            if std::time::Instant::now() > deadline {
+                panic!("the broker on port {} did not stop", self.port);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Starts the stopped broker again, on the same port and data.
+    pub fn start(&self) {
+        let pid = launch(&self.dir, self.port);
+        *self.pid.lock().unwrap_or_else(|e| e.into_inner()) = pid;
     }
 }

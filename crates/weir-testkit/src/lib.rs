@@ -126,7 +126,7 @@ pub async fn pg_exec(url: &str, sql: &str) {
 }
 
 mod kafka;
-pub use kafka::{KafkaBroker, kafka};
+pub use kafka::{KafkaBroker, OwnBroker, kafka, start_kafka};
 
 mod azure;
 mod delay;

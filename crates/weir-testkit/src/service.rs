@@ -29,8 +29,8 @@ pub fn binary(var: &str, default: &str, install: &str) -> PathBuf {
 }
 
 /// Starts `cmd` with output to `<dir>/<name>.log`, stops it (SIGTERM) when this process
-/// ends, and waits up to 60 s for `port` to accept connections.
-pub fn start(mut cmd: Command, name: &str, dir: &Path, port: u16) {
+/// ends, and waits up to 60 s for `port` to accept connections. Its process id.
+pub fn start(mut cmd: Command, name: &str, dir: &Path, port: u16) -> u32 {
     let log_path = dir.join(format!("{name}.log"));
     let log = match std::fs::File::create(&log_path) {
         Ok(f) => f,
@@ -64,4 +64,5 @@ pub fn start(mut cmd: Command, name: &str, dir: &Path, port: u16) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    child.id()
 }

@@ -207,3 +207,123 @@ async fn through_an_outage(outage: Outage) {
     want_ledger.sort();
     assert_eq!(ledger, want_ledger, "the ledger holds each batch once");
 }
+
+/// Sends `ids` as JSON orders to `topic` (partition `id % 3`); their `order_id|status`.
+async fn produce_orders(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) -> Vec<String> {
+    use weir_kafka::rdkafka::ClientConfig;
+    use weir_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let mut sent = Vec::new();
+    for id in ids {
+        let v = format!(
+            "{{\"order_id\":{id},\"status\":\"s{id}\",\"amount\":1.5,\"updated_at\":\"2026-01-01T00:00:00Z\"}}"
+        );
+        producer
+            .send(
+                FutureRecord::<(), _>::to(topic)
+                    .partition((id % 3) as i32)
+                    .payload(&v),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        sent.push(format!("{id}|s{id}"));
+    }
+    sent
+}
+
+/// The Kafka broker stopped under a running query: the query stays up and says it is
+/// retrying (the broker's errors are ones that pass), and once the broker is back it reads
+/// on from its checkpoint: every record, the ones sent before and after, once.
+#[tokio::test]
+async fn a_kafka_broker_outage_is_waited_out_and_every_record_lands_once() {
+    let broker = weir_testkit::start_kafka();
+    weir_kafka::create_topic(&broker.bootstrap, "outage", 3)
+        .await
+        .unwrap();
+    let mut sent = produce_orders(&broker.bootstrap, "outage", 0..90).await;
+    let dir = temp_dir();
+    let p = dir.path().join("pipeline.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[query]\nname = \"kafka-outage\"\ncheckpoint = \"chk\"\ntrigger = \"200ms\"\n\
+             retry = {{ attempts = 100, initial = \"200ms\", max = \"1s\" }}\n\n\
+             [source]\ntype = \"kafka\"\nbootstrap-servers = \"{}\"\nsubscribe = [\"outage\"]\n\
+             max-offsets-per-trigger = 15\nvalue-format = \"json\"\nschema = {}\n\n\
+             [source.kafka]\n\"socket.timeout.ms\" = \"3000\"\n\n\
+             [[sink]]\ntype = \"parquet\"\npath = \"out\"\n",
+            broker.bootstrap,
+            crate::SCHEMA
+        ),
+    )
+    .unwrap();
+    let progress = dir.path().join("progress.jsonl");
+    let stderr_path = dir.path().join("stderr.txt");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let child = Command::new(bin())
+        .args(["run", p.to_str().unwrap(), "--progress"])
+        .arg(&progress)
+        .arg("--http")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let mut driver = Driver(child);
+    let stderr = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    wait_until("2 batches", Duration::from_secs(120), || {
+        progress_batches(&progress).len() >= 2
+    });
+    broker.stop();
+    let mut ready = String::new();
+    wait_until(
+        "/readyz to say the query retries",
+        Duration::from_secs(120),
+        || {
+            let (code, body) = get(&format!("{base}/readyz"));
+            ready = body;
+            code == 503 && ready.contains("retrying")
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        driver.0.try_wait().unwrap().is_none(),
+        "the query ended during the outage:\n{}",
+        stderr()
+    );
+    broker.start();
+    sent.extend(produce_orders(&broker.bootstrap, "outage", 1000..1060).await);
+    sent.sort();
+    let cols = ["order_id", "status"];
+    let out = dir.path().join("out");
+    let t = Instant::now();
+    loop {
+        let got = weir_testkit::parquet_rows(&out, &cols).await;
+        if got.len() >= sent.len() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120) && driver.0.try_wait().unwrap().is_none(),
+            "{} of {} records after the outage:\n{}",
+            got.len(),
+            sent.len(),
+            stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &driver.0.id().to_string()])
+        .status();
+    let status = driver.0.wait().unwrap();
+    assert!(status.success(), "{}", stderr());
+    let mut got = weir_testkit::parquet_rows(&out, &cols).await;
+    got.sort();
+    assert_eq!(got, sent, "every record once");
+    assert!(stderr().contains("may pass"), "{}", stderr());
+}

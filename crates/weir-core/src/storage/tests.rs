@@ -149,3 +149,31 @@ fn joined_locations_and_file_urls_keep_names_literal() {
     );
     assert_eq!(l.describe("x.json"), "/in/x.json");
 }
+
+/// An object store nobody answers for is an error that may pass (the store's own retries
+/// spent); a missing local file is not.
+#[tokio::test]
+async fn an_unreachable_object_store_is_a_transient_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let options = StorageOptions::new(
+        [
+            ("aws_endpoint", format!("http://127.0.0.1:{port}")),
+            ("aws_allow_http", "true".into()),
+            ("aws_access_key_id", "x".into()),
+            ("aws_secret_access_key", "y".into()),
+            ("aws_region", "us-east-1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+    )
+    .unwrap();
+    let loc = Location::parse("test", "s3://nobody/x", None, &options).unwrap();
+    let err = loc.list().await.unwrap_err();
+    assert!(crate::error::is_transient(&err), "{err:?}");
+    let local = Location::local("/proc/definitely/not/here");
+    let err = local.put("f", Bytes::from_static(b"x")).await.unwrap_err();
+    assert!(!crate::error::is_transient(&err), "{err:?}");
+}
