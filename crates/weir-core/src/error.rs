@@ -228,6 +228,18 @@ pub enum Error {
         after_ms: u64,
     },
 
+    /// A source's call took longer than its `timeout` and was cancelled. It may pass: the
+    /// query starts again from its checkpoint after a pause.
+    #[error(
+        "source {source_name}: {what} took longer than its timeout of {after_ms} ms and was \
+         cancelled"
+    )]
+    SourceTimedOut {
+        source_name: String,
+        what: &'static str,
+        after_ms: u64,
+    },
+
     /// The cluster the query runs on refused or failed it (no worker reachable, a worker
     /// of another version or without the token, a task that failed on a worker).
     #[error("cluster: {reason}")]
@@ -423,8 +435,16 @@ pub fn is_transient(e: &(dyn std::error::Error + 'static)) -> bool {
     use std::io::ErrorKind::*;
     let mut cur = Some(e);
     while let Some(err) = cur {
+        // `Error::Batch` holds its cause as a `Box<Error>`, which is what its `source()`
+        // gives: look through the box too.
+        let engine = err
+            .downcast_ref::<Error>()
+            .or_else(|| err.downcast_ref::<Box<Error>>().map(|b| b.as_ref()));
         if err.downcast_ref::<Transient>().is_some()
-            || matches!(err.downcast_ref::<Error>(), Some(Error::TimedOut { .. }))
+            || matches!(
+                engine,
+                Some(Error::TimedOut { .. } | Error::SourceTimedOut { .. })
+            )
         {
             return true;
         }
@@ -465,6 +485,21 @@ pub fn is_transient(e: &(dyn std::error::Error + 'static)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeout_inside_a_batch_error_is_transient() {
+        let e = Error::Batch {
+            query: "q".into(),
+            batch_id: 4,
+            stage: "asking the source for new data",
+            source: Box::new(Error::SourceTimedOut {
+                source_name: "KafkaV2[Subscribe[t]]".into(),
+                what: "planning the next batch",
+                after_ms: 2000,
+            }),
+        };
+        assert!(is_transient(&e));
+    }
 
     #[test]
     fn transient_errors_are_found_by_type_anywhere_in_the_chain() {

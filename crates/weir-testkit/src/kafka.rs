@@ -98,6 +98,27 @@ impl OwnBroker {
         }
     }
 
+    /// Freezes the broker (SIGSTOP): connections stay open, nothing answers.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen broker go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = *self.pid.lock().unwrap_or_else(|e| e.into_inner());
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            panic!("kill {sig} {pid} (the broker) failed");
+        }
+    }
+
     /// Starts the stopped broker again, on the same port and data.
     pub fn start(&self) {
         let pid = launch(&self.dir, self.port);

@@ -188,7 +188,7 @@ macro_rules! erased_config {
                 };
                 if timeout.is_some_and(|t| t.0.is_zero()) {
                     return Err(
-                        "`timeout` must be more than 0 (every write would be cancelled)".into(),
+                        "`timeout` must be more than 0 (every call would be cancelled)".into(),
                     );
                 }
                 let Some(entry) = $registry.iter().find(|k| k.kind() == tag) else {
@@ -209,7 +209,8 @@ macro_rules! erased_config {
                 Ok(config)
             }
 
-            /// `timeout`: how long a batch's write may take before it is cancelled.
+            /// `timeout`: how long a sink's write, or a source's call, may take before it is
+            /// cancelled.
             pub fn timeout(&self) -> Option<std::time::Duration> {
                 self.1.map(|t| t.0)
             }
@@ -268,16 +269,20 @@ erased_config!(
     SourceHarness,
     SOURCES,
     "source",
-    false
+    true
 );
 
 impl SourceConfig {
     /// The source built on `session`, with the read limits its config sets.
     pub async fn load(&self, session: &WeirSession, env: &BuildEnv) -> Result<StreamingDataFrame> {
         let spec = self.spec();
+        let mut source = spec.build(env).await?;
+        if let Some(after) = self.timeout() {
+            source = std::sync::Arc::new(weir_core::source::WithSourceTimeout::new(source, after));
+        }
         Ok(session
             .read_stream()
-            .source(spec.build(env).await?)
+            .source(source)
             .load()
             .await?
             .with_read_limit(spec.read_limit()?))

@@ -241,6 +241,17 @@ async fn produce_orders(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>)
 /// on from its checkpoint: every record, the ones sent before and after, once.
 #[tokio::test]
 async fn a_kafka_broker_outage_is_waited_out_and_every_record_lands_once() {
+    through_a_broker_outage(Outage::Down).await;
+}
+
+/// The broker frozen (SIGSTOP) instead: the source's `timeout` cancels the call that
+/// hangs, the query runs again after pauses until the broker answers, every record once.
+#[tokio::test]
+async fn a_frozen_kafka_broker_times_the_source_out_and_every_record_lands_once() {
+    through_a_broker_outage(Outage::Frozen).await;
+}
+
+async fn through_a_broker_outage(outage: Outage) {
     let broker = weir_testkit::start_kafka();
     weir_kafka::create_topic(&broker.bootstrap, "outage", 3)
         .await
@@ -254,11 +265,16 @@ async fn a_kafka_broker_outage_is_waited_out_and_every_record_lands_once() {
             "[query]\nname = \"kafka-outage\"\ncheckpoint = \"chk\"\ntrigger = \"200ms\"\n\
              retry = {{ attempts = 100, initial = \"200ms\", max = \"1s\" }}\n\n\
              [source]\ntype = \"kafka\"\nbootstrap-servers = \"{}\"\nsubscribe = [\"outage\"]\n\
-             max-offsets-per-trigger = 15\nvalue-format = \"json\"\nschema = {}\n\n\
+             max-offsets-per-trigger = 15\nvalue-format = \"json\"\nschema = {}\n{}\n\
              [source.kafka]\n\"socket.timeout.ms\" = \"3000\"\n\n\
              [[sink]]\ntype = \"parquet\"\npath = \"out\"\n",
             broker.bootstrap,
-            crate::SCHEMA
+            crate::SCHEMA,
+            if outage == Outage::Frozen {
+                "timeout = \"2s\""
+            } else {
+                ""
+            }
         ),
     )
     .unwrap();
@@ -280,7 +296,10 @@ async fn a_kafka_broker_outage_is_waited_out_and_every_record_lands_once() {
     wait_until("2 batches", Duration::from_secs(120), || {
         progress_batches(&progress).len() >= 2
     });
-    broker.stop();
+    match outage {
+        Outage::Down => broker.stop(),
+        Outage::Frozen => broker.freeze(),
+    }
     let mut ready = String::new();
     wait_until(
         "/readyz to say the query retries",
@@ -297,7 +316,21 @@ async fn a_kafka_broker_outage_is_waited_out_and_every_record_lands_once() {
         "the query ended during the outage:\n{}",
         stderr()
     );
-    broker.start();
+    if outage == Outage::Frozen {
+        let (_, body) = get(&format!("{base}/api/status"));
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            status["lastError"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("took longer than its timeout of 2000 ms"),
+            "{status}"
+        );
+    }
+    match outage {
+        Outage::Down => broker.start(),
+        Outage::Frozen => broker.thaw(),
+    }
     sent.extend(produce_orders(&broker.bootstrap, "outage", 1000..1060).await);
     sent.sort();
     let cols = ["order_id", "status"];

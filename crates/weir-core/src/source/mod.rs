@@ -11,6 +11,7 @@ pub mod flat_json;
 pub mod leaf;
 pub mod memory;
 pub mod rate;
+pub mod timeout;
 pub mod validate;
 
 use std::fmt;
@@ -27,6 +28,7 @@ pub use decode::BadRecordMode;
 pub use file::{CleanSource, FileFormat, FileSource, FileSourceOptions};
 pub use memory::MemorySource;
 pub use rate::RateSource;
+pub use timeout::WithSourceTimeout;
 
 /// A position in a source, opaque to the engine and stored as JSON in the offset log
 /// (Kafka: `{"orders":{"0":123}}`, files: `{"logOffset":4}`).
