@@ -11,7 +11,9 @@ use weir_core::datafusion::functions_aggregate::expr_fn::count;
 use weir_core::datafusion::logical_expr::{Operator, binary_expr};
 use weir_core::datafusion::prelude::{DataFrame, Expr, SessionContext, lit};
 use weir_core::sink::PlanRunner;
-use weir_core::sink::upsert::{apply_null_rules, newest_on_workers, order_columns};
+use weir_core::sink::upsert::{
+    DELETED, apply_null_rules, newest_on_workers, order_columns, stored_columns,
+};
 use weir_core::storage::Location;
 use weir_core::{
     BatchContext, BoxError, ForeachBatch, NullKeys, NullOrdering, SinkMetric, dedupe_latest, fault,
@@ -264,7 +266,11 @@ impl DeltaMerge {
             ctx.metrics.record(&sink, SinkMetric::Dropped, dropped);
         }
         let schema = source.schema().inner().clone();
-        let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        let all_columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        // A batch with `_deleted` carries deletes: the column steers the MERGE and is not
+        // stored (see `weir_core::sink::upsert`).
+        let deletes = all_columns.iter().any(|c| c == DELETED);
+        let columns = stored_columns(&all_columns);
         let mut batches = source
             .collect()
             .await
@@ -297,10 +303,21 @@ impl DeltaMerge {
                 });
             }
         }
+        let schema = if deletes {
+            let (kept, stored) =
+                without_deletes(&batches, &schema).map_err(self.df_err(id, "holding the batch"))?;
+            if before.is_none() {
+                // No table to delete from: the first batch writes its other rows.
+                batches = kept;
+            }
+            stored
+        } else {
+            schema
+        };
         let table = if before.is_none() || rows == 0 {
             // No table yet: the first batch creates it. No rows: only the transaction.
             if batches.is_empty() {
-                batches.push(RecordBatch::new_empty(schema));
+                batches.push(RecordBatch::new_empty(schema.clone()));
             }
             let t = commit(table, batches).await?;
             if before.is_none() {
@@ -329,22 +346,46 @@ impl DeltaMerge {
                 action,
                 source,
             };
+            // A delete is a row with `_deleted` true; the others upsert (NULL: not a delete).
+            let is_delete = qualified("s", DELETED).is_true();
+            let upsert = qualified("s", DELETED).is_not_true();
             let builder = table
                 .merge(source_df, predicate)
                 .with_source_alias("s")
                 .with_target_alias("t")
                 .with_commit_properties(commit_properties().with_application_transaction(txn))
                 .when_matched_update(|u| {
-                    let u = match &self.update_condition {
-                        Some(sql) => u.predicate(sql.clone()),
-                        None => u.predicate(guard),
+                    let u = match (&self.update_condition, deletes) {
+                        (Some(sql), false) => u.predicate(sql.clone()),
+                        (Some(sql), true) => {
+                            u.predicate(format!("s.{} IS NOT TRUE AND ({sql})", quote_sql(DELETED)))
+                        }
+                        (None, false) => u.predicate(guard.clone()),
+                        (None, true) => u.predicate(upsert.clone().and(guard.clone())),
                     };
                     columns
                         .iter()
                         .fold(u, |u, c| u.update(c.as_str(), qualified("s", c)))
                 })
-                .map_err(|e| delta_err("planning the MERGE update", e))?
+                .map_err(|e| delta_err("planning the MERGE update", e))?;
+            let builder = if deletes {
+                // Unless the stored row is newer on the ordering column (NULL lowest).
+                let stored_newer = qualified("t", &self.ordering).is_not_null().and(
+                    qualified("s", &self.ordering)
+                        .is_null()
+                        .or(qualified("t", &self.ordering).gt(qualified("s", &self.ordering))),
+                );
+                builder
+                    .when_matched_delete(|d| {
+                        d.predicate(is_delete.and(std::ops::Not::not(stored_newer)))
+                    })
+                    .map_err(|e| delta_err("planning the MERGE delete", e))?
+            } else {
+                builder
+            };
+            let builder = builder
                 .when_not_matched_insert(|i| {
+                    let i = if deletes { i.predicate(upsert) } else { i };
                     columns
                         .iter()
                         .fold(i, |i, c| i.set(c.as_str(), qualified("s", c)))
@@ -361,6 +402,10 @@ impl DeltaMerge {
             );
             ctx.metrics
                 .record(&sink, SinkMetric::Updated, metrics.num_target_rows_updated);
+            if deletes {
+                ctx.metrics
+                    .record(&sink, SinkMetric::Deleted, metrics.num_target_rows_deleted);
+            }
             if table.version() == before {
                 // Nothing changed, so nothing was committed: record the transaction alone.
                 commit(table, vec![RecordBatch::new_empty(schema)]).await?
@@ -453,6 +498,41 @@ fn qualified(alias: &str, name: &str) -> Expr {
 
 /// `s` is greater than `t` in the lexicographic order of `columns`, NULL lowest:
 /// `gt(c0) OR (eq(c0) AND (gt(c1) OR (eq(c1) AND ...)))`.
+/// The rows of `batches` that are not deletes, without the `_deleted` column, and the
+/// schema without it.
+fn without_deletes(
+    batches: &[RecordBatch],
+    schema: &weir_core::datafusion::arrow::datatypes::SchemaRef,
+) -> weir_core::datafusion::error::Result<(
+    Vec<RecordBatch>,
+    weir_core::datafusion::arrow::datatypes::SchemaRef,
+)> {
+    use weir_core::datafusion::arrow::array::{Array, AsArray, BooleanArray};
+    use weir_core::datafusion::arrow::compute::filter_record_batch;
+    let at = schema.index_of(DELETED)?;
+    let keep: Vec<usize> = (0..schema.fields().len()).filter(|i| *i != at).collect();
+    let stored = Arc::new(schema.project(&keep)?);
+    let mut out = Vec::with_capacity(batches.len());
+    for b in batches {
+        let flags = b.column(at).as_boolean_opt().ok_or_else(|| {
+            weir_core::datafusion::error::DataFusionError::Plan(format!(
+                "column {DELETED} must be a boolean, not {}",
+                b.column(at).data_type()
+            ))
+        })?;
+        let upserts: BooleanArray = (0..flags.len())
+            .map(|i| Some(flags.is_null(i) || !flags.value(i)))
+            .collect();
+        out.push(filter_record_batch(&b.project(&keep)?, &upserts)?);
+    }
+    Ok((out, stored))
+}
+
+/// `"name"`, for SQL text.
+fn quote_sql(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 pub(crate) fn newer(columns: &[String]) -> Expr {
     let gt = |c: &str| {
         qualified("s", c).is_not_null().and(

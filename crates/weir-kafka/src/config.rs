@@ -13,7 +13,9 @@ use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::{Error, ReadLimit, Result, Source};
 
 use crate::KafkaSource;
-use crate::options::{BadRecordMode, KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
+use crate::options::{
+    BadRecordMode, KafkaOptions, StartingOffsets, Subscribe, Tombstones, ValueFormat,
+};
 
 /// How values become columns, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +75,12 @@ pub struct KafkaConfig {
     pub mode: Option<BadRecordMode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_to_group: Option<String>,
+    /// What a null value (a tombstone) becomes: "row" (default), "skip" or "delete".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tombstones: Option<Tombstones>,
+    /// With tombstones = "delete": the column that gets the tombstone's Kafka timestamp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tombstone_timestamp: Option<String>,
 }
 
 impl KafkaConfig {
@@ -136,6 +144,9 @@ impl KafkaConfig {
                 }
             }
         };
+        o.tombstones = self.tombstones.unwrap_or_default();
+        o.tombstone_timestamp = self.tombstone_timestamp.clone();
+        crate::tombstone::check(&o)?;
         Ok(o)
     }
 }

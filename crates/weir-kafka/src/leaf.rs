@@ -78,6 +78,11 @@ pub struct KafkaScan {
     /// The columns read, by index into the output schema (`None`: all).
     #[serde(default)]
     pub projection: Option<Vec<usize>>,
+    /// What a null JSON value becomes, and the column a delete's timestamp goes to.
+    #[serde(default)]
+    pub tombstones: crate::options::Tombstones,
+    #[serde(default)]
+    pub tombstone_timestamp: Option<String>,
 }
 
 impl fmt::Debug for KafkaScan {
@@ -132,6 +137,8 @@ impl KafkaScan {
             shares: vec![ranges],
             partitions: weir_core::cores().max(2),
             projection: None,
+            tombstones: o.tombstones,
+            tombstone_timestamp: o.tombstone_timestamp.clone(),
         }
     }
 
@@ -164,6 +171,8 @@ impl KafkaScan {
         o.fail_on_data_loss = self.fail_on_data_loss;
         o.include_headers = self.include_headers;
         o.fetch_timeout = Duration::from_millis(self.fetch_timeout_ms);
+        o.tombstones = self.tombstones;
+        o.tombstone_timestamp = self.tombstone_timestamp.clone();
         o.value_format = match self.json {
             None => ValueFormat::Raw,
             Some(mode) => ValueFormat::Json {
@@ -177,7 +186,10 @@ impl KafkaScan {
     fn output_schema(&self, schema: &SchemaRef) -> SchemaRef {
         match self.json {
             None => read::raw_schema(self.include_headers),
-            Some(mode) => weir_core::source::decode::output_schema(schema, mode),
+            Some(mode) => crate::tombstone::schema(
+                weir_core::source::decode::output_schema(schema, mode),
+                self.tombstones,
+            ),
         }
     }
 }
@@ -345,7 +357,9 @@ impl ExecutionPlan for KafkaRangeExec {
                     [(r.topic.clone(), [(r.partition, r.from)].into())].into();
                 let end: PartitionOffsets =
                     [(r.topic.clone(), [(r.partition, r.to)].into())].into();
-                for batch in read::read(&consumer, &opts, &begin, &end).map_err(failed)? {
+                let (batches, _skipped) =
+                    read::read(&consumer, &opts, &begin, &end).map_err(failed)?;
+                for batch in batches {
                     let batch = match &projection {
                         Some(p) => batch.project(p)?,
                         None => batch,
@@ -441,6 +455,8 @@ mod tests {
             ]],
             partitions: 2,
             projection: None,
+            tombstones: Default::default(),
+            tombstone_timestamp: None,
         };
         // Largest first onto the lightest share: a1 | b0 | b1, then a0 onto b1 (40) and
         // a2 onto the first at 50.

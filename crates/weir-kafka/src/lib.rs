@@ -23,13 +23,16 @@ mod offsets;
 mod options;
 mod read;
 mod source;
+mod tombstone;
 
 pub use admin::{create_topic, delete_topic, end_offsets};
 pub use config::{KafkaConfig, ValueFormatName};
 pub use error::KafkaSourceError;
 pub use leaf::{KAFKA_RANGES, KafkaRange, KafkaRangeExec, KafkaScan};
 pub use offsets::{check_loss, split_limit};
-pub use options::{BadRecordMode, KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
+pub use options::{
+    BadRecordMode, KafkaOptions, StartingOffsets, Subscribe, Tombstones, ValueFormat,
+};
 pub use source::KafkaSource;
 
 /// rdkafka, re-exported for producers and admin calls in tests and tools.

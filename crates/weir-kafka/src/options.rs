@@ -104,6 +104,21 @@ pub enum ValueFormat {
     },
 }
 
+/// What a record whose value is null (a tombstone) becomes, with JSON values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tombstones {
+    /// A row of NULLs, as Spark's `from_json` gives (the default).
+    #[default]
+    Row,
+    /// Dropped; counted in the progress (`sources[].metrics.tombstonesSkipped`).
+    Skip,
+    /// A delete of its key: the row takes its columns from the record's key (a JSON
+    /// object, e.g. `{"order_id": 7}`) and has `_deleted` true; every other row has
+    /// `_deleted` false. The Delta MERGE and PostgreSQL upsert sinks delete the key.
+    Delete,
+}
+
 /// Settings of a [`crate::KafkaSource`]. `minOffsetsPerTrigger` and `maxOffsetsPerTrigger`
 /// are read limits, set on the stream reader.
 #[derive(Clone)]
@@ -129,6 +144,11 @@ pub struct KafkaOptions {
     /// too, so that the lag tools people already run can see the query. Never read back:
     /// the checkpoint stays the truth.
     pub commit_to_group: Option<String>,
+    /// What a null value becomes (JSON values only).
+    pub tombstones: Tombstones,
+    /// With [`Tombstones::Delete`]: the column that gets the tombstone's Kafka timestamp,
+    /// so the delete is ordered like any other change (name the sinks' ordering column).
+    pub tombstone_timestamp: Option<String>,
 }
 
 impl KafkaOptions {
@@ -148,6 +168,8 @@ impl KafkaOptions {
             include_headers: false,
             fetch_timeout: Duration::from_secs(60),
             commit_to_group: None,
+            tombstones: Tombstones::Row,
+            tombstone_timestamp: None,
         }
     }
 }

@@ -20,7 +20,8 @@ use crate::PartitionOffsets;
 use crate::client::watermarks;
 use crate::error::KafkaSourceError;
 use crate::offsets::check_loss;
-use crate::options::{BadRecordMode, KafkaOptions, ValueFormat};
+use crate::options::{BadRecordMode, KafkaOptions, Tombstones, ValueFormat};
+use crate::tombstone::{self, Tomb};
 
 fn header_fields() -> Fields {
     Fields::from(vec![
@@ -59,11 +60,18 @@ pub(crate) fn raw_schema(include_headers: bool) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// The schema of the batches for a value format.
-pub(crate) fn output_schema(f: &ValueFormat, include_headers: bool) -> SchemaRef {
+/// The schema of the batches for a value format (and `_deleted` last with
+/// `tombstones = "delete"`).
+pub(crate) fn output_schema(
+    f: &ValueFormat,
+    include_headers: bool,
+    tombstones: Tombstones,
+) -> SchemaRef {
     match f {
         ValueFormat::Raw => raw_schema(include_headers),
-        ValueFormat::Json { schema, mode } => decode::output_schema(schema, *mode),
+        ValueFormat::Json { schema, mode } => {
+            crate::tombstone::schema(decode::output_schema(schema, *mode), tombstones)
+        }
     }
 }
 
@@ -177,12 +185,13 @@ impl Records {
 /// prefetched past the range, and errors queued while nothing polled, are dropped at the start
 /// of the next read. (Emptying the queue right after the read instead cost a 150,000-record
 /// batch up to half its read time: the records fetched past its end came back one by one.)
+/// Also the number of tombstones dropped (`tombstones = "skip"`).
 pub(crate) fn read(
     c: &BaseConsumer,
     o: &KafkaOptions,
     begin: &PartitionOffsets,
     end: &PartitionOffsets,
-) -> Result<Vec<RecordBatch>, KafkaSourceError> {
+) -> Result<(Vec<RecordBatch>, u64), KafkaSourceError> {
     // Errors queued while nothing polled (a broker that restarted while the sinks wrote or
     // the query waited) are about connections since re-made, not about this read.
     drain(c);
@@ -217,7 +226,7 @@ fn read_assigned(
     o: &KafkaOptions,
     begin: &PartitionOffsets,
     end: &PartitionOffsets,
-) -> Result<Vec<RecordBatch>, KafkaSourceError> {
+) -> Result<(Vec<RecordBatch>, u64), KafkaSourceError> {
     let include_headers = o.include_headers;
     let raw = matches!(o.value_format, ValueFormat::Raw);
     let mut tpl = TopicPartitionList::new();
@@ -265,10 +274,10 @@ fn read_assigned(
     match &o.value_format {
         ValueFormat::Raw => {
             poll(c, o, &mut parts, |_, part, m| part.append(m))?;
-            Ok(vec![raw_batch(
-                &Records::from_parts(parts),
-                include_headers,
-            )?])
+            Ok((
+                vec![raw_batch(&Records::from_parts(parts), include_headers)?],
+                0,
+            ))
         }
         ValueFormat::Json { schema, mode } => json_read(c, o, &mut parts, schema, *mode),
     }
@@ -403,6 +412,8 @@ struct Chunk {
     /// Records whose value is null, and values as they came that had a newline.
     nulls: Vec<usize>,
     raw: Vec<(usize, Vec<u8>)>,
+    /// The null values' keys and timestamps (with `tombstones = "delete"` or `"skip"`).
+    tombs: Vec<Tomb>,
 }
 
 impl Chunk {
@@ -416,6 +427,7 @@ impl Chunk {
             ends: Vec::with_capacity(n),
             nulls: Vec::new(),
             raw: Vec::new(),
+            tombs: Vec::new(),
         }
     }
 
@@ -423,7 +435,15 @@ impl Chunk {
         self.ends.len()
     }
 
-    fn push(&mut self, v: Option<&[u8]>) {
+    fn push(&mut self, m: &BorrowedMessage<'_>, tombstones: Tombstones) {
+        let v = m.payload();
+        if v.is_none() && tombstones != Tombstones::Row {
+            self.tombs.push(Tomb {
+                index: self.ends.len(),
+                key: m.key().map(<[u8]>::to_vec),
+                timestamp: m.timestamp().to_millis(),
+            });
+        }
         match v {
             None => {
                 self.nulls.push(self.ends.len());
@@ -459,12 +479,18 @@ impl Chunk {
         out
     }
 
-    fn parse(&self, schema: &SchemaRef, mode: BadRecordMode) -> Parsed {
+    fn parse(&self, schema: &SchemaRef, mode: BadRecordMode, o: &KafkaOptions) -> Parsed {
+        let batch = decode::json_checked(schema, &self.records(), &self.lines, mode)
+            .and_then(|d| tombstone::apply(d.batch, &self.tombs, schema, o));
+        let (batch, skipped) = match batch {
+            Ok((b, n)) => (Ok(b), n),
+            Err(m) => (Err(m), 0),
+        };
         Parsed {
             part: self.part,
             first: self.first,
-            batch: decode::json_checked(schema, &self.records(), &self.lines, mode)
-                .map(|d| d.batch),
+            batch,
+            skipped,
         }
     }
 }
@@ -473,6 +499,8 @@ struct Parsed {
     part: usize,
     first: usize,
     batch: Result<RecordBatch, decode::Malformed>,
+    /// Tombstones dropped (`tombstones = "skip"`).
+    skipped: u64,
 }
 
 /// Polls the parts, parsing full chunks on a second thread as they fill and the rest on this
@@ -483,7 +511,7 @@ fn json_read(
     parts: &mut [Part],
     schema: &SchemaRef,
     mode: BadRecordMode,
-) -> Result<Vec<RecordBatch>, KafkaSourceError> {
+) -> Result<(Vec<RecordBatch>, u64), KafkaSourceError> {
     let left = |p: &Part, first: usize| {
         usize::try_from(p.to - p.from)
             .unwrap_or(0)
@@ -506,7 +534,7 @@ fn json_read(
                 if failed.is_some_and(|f| (chunk.part, chunk.first) > f) {
                     continue;
                 }
-                let p = chunk.parse(schema, mode);
+                let p = chunk.parse(schema, mode, o);
                 if p.batch.is_err() {
                     let at = (p.part, p.first);
                     failed = Some(failed.map_or(at, |f| f.min(at)));
@@ -517,7 +545,7 @@ fn json_read(
         });
         let polled = poll(c, o, parts, |i, part, m| {
             let chunk = &mut open[i];
-            chunk.push(m.payload());
+            chunk.push(m, o.tombstones);
             if chunk.len() >= CHUNK {
                 let first = part.offsets.len();
                 let full = std::mem::replace(chunk, Chunk::new(i, first, left(part, first)));
@@ -531,7 +559,7 @@ fn json_read(
             Ok(()) => open
                 .iter()
                 .filter(|c| !c.ends.is_empty())
-                .map(|c| c.parse(schema, mode))
+                .map(|c| c.parse(schema, mode, o))
                 .collect(),
             Err(_) => Vec::new(),
         };
@@ -545,7 +573,9 @@ fn json_read(
     })?;
     parsed.sort_by_key(|p| (p.part, p.first));
     let mut batches = Vec::with_capacity(parsed.len());
+    let mut skipped = 0;
     for p in parsed {
+        skipped += p.skipped;
         match p.batch {
             Ok(b) => batches.push(b),
             Err(m) => {
@@ -561,9 +591,12 @@ fn json_read(
     }
     // Kept as parsed (a DataFrame promises no row order, and slices one batch anyway).
     if batches.is_empty() {
-        batches.push(RecordBatch::new_empty(decode::output_schema(schema, mode)));
+        batches.push(RecordBatch::new_empty(tombstone::schema(
+            decode::output_schema(schema, mode),
+            o.tombstones,
+        )));
     }
-    Ok(batches)
+    Ok((batches, skipped))
 }
 
 fn raw_batch(r: &Records, include_headers: bool) -> Result<RecordBatch, KafkaSourceError> {

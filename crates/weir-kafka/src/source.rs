@@ -42,6 +42,8 @@ pub struct KafkaSource {
     last_end: Mutex<Option<BTreeMap<(String, i32), i64>>>,
     /// The latest offsets at the last `latest_offset`, for progress.
     latest: Mutex<Option<SourceOffset>>,
+    /// Tombstones dropped by the last read (`tombstones = "skip"`), for progress.
+    skipped: Mutex<Option<u64>>,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -68,7 +70,8 @@ impl KafkaSource {
         if let ValueFormat::Json { schema, .. } = &opts.value_format {
             decode::check_corrupt_column(schema).map_err(|r| Error::config("schema", r))?;
         }
-        let schema = read::output_schema(&opts.value_format, opts.include_headers);
+        crate::tombstone::check(&opts)?;
+        let schema = read::output_schema(&opts.value_format, opts.include_headers, opts.tombstones);
         Ok(KafkaSource {
             opts: Arc::new(opts),
             schema,
@@ -80,6 +83,7 @@ impl KafkaSource {
             committer: Arc::new(Mutex::new(None)),
             last_end: Mutex::new(None),
             latest: Mutex::new(None),
+            skipped: Mutex::new(None),
         })
     }
 
@@ -394,9 +398,14 @@ impl Source for KafkaSource {
                 .read_table(Arc::new(ScanTable::new(Arc::new(exec))))
                 .map_err(planning);
         }
-        let batches = self
+        let (batches, skipped) = self
             .with_reader(move |c, o| read::read(c, o, &begin, &end))
             .await?;
+        if self.opts.tombstones == crate::options::Tombstones::Skip
+            && let Ok(mut s) = self.skipped.lock()
+        {
+            *s = Some(skipped);
+        }
         ctx.read_batches(batches)
             .map_err(|e| Error::datafusion(format!("{}: holding the batch", self.description()), e))
     }
@@ -418,7 +427,11 @@ impl Source for KafkaSource {
     }
 
     fn metrics(&self) -> BTreeMap<String, String> {
-        self.behind.lock().map(|m| m.clone()).unwrap_or_default()
+        let mut m = self.behind.lock().map(|m| m.clone()).unwrap_or_default();
+        if let Some(n) = self.skipped.lock().ok().and_then(|s| *s) {
+            m.insert("tombstonesSkipped".into(), n.to_string());
+        }
+        m
     }
 
     fn latest_seen(&self) -> Option<SourceOffset> {

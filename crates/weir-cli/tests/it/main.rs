@@ -16,6 +16,7 @@ mod outages;
 mod signals;
 mod spark;
 mod storage;
+mod tombstones;
 
 use std::path::{Path, PathBuf};
 

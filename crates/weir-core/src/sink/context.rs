@@ -144,11 +144,13 @@ pub enum SinkMetric {
     Rows,
     /// Rows dropped by the sink (e.g. NULL keys with `null-keys = "drop"`).
     Dropped,
+    /// Stored rows deleted (MERGE / upsert of a batch with `_deleted`).
+    Deleted,
 }
 
 impl SinkMetric {
     /// Every metric, for parsing.
-    pub const ALL: [SinkMetric; 8] = [
+    pub const ALL: [SinkMetric; 9] = [
         SinkMetric::Skipped,
         SinkMetric::DurationMs,
         SinkMetric::StageMs,
@@ -157,6 +159,7 @@ impl SinkMetric {
         SinkMetric::Updated,
         SinkMetric::Rows,
         SinkMetric::Dropped,
+        SinkMetric::Deleted,
     ];
 
     /// The key suffix in `sink.metrics`.
@@ -170,6 +173,7 @@ impl SinkMetric {
             SinkMetric::Updated => "updated",
             SinkMetric::Rows => "rows",
             SinkMetric::Dropped => "dropped",
+            SinkMetric::Deleted => "deleted",
         }
     }
 

@@ -15,6 +15,14 @@
 //! A NULL ordering value is refused the same way by default; with [`NullOrdering::Oldest`]
 //! it is taken as older than any value (such a row never replaces a stored one with a
 //! value, and any row with a value replaces it).
+//!
+//! **Deletes.** A batch with a boolean column [`DELETED`] (`_deleted`, which the Kafka
+//! source's `tombstones = "delete"` adds) carries deletes: a row with `_deleted` true
+//! deletes its key's stored row. It takes part in the order like any other change: in the
+//! in-batch dedupe it comes right after the ordering column (so at the same ordering value a
+//! delete wins over an upsert), and it deletes a stored row unless that row's ordering value
+//! is greater (NULL lowest). The column itself is never stored. A delete leaves nothing to
+//! compare with: an older change of that key arriving in a later batch inserts it again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -57,17 +65,29 @@ pub enum NullOrdering {
     Oldest,
 }
 
+/// The column that marks a row of a batch as a delete of its key (see the module docs).
+pub const DELETED: &str = "_deleted";
+
 /// The columns that decide which row of a key wins, most significant first: the ordering
-/// column, then every other non-key column of `columns` in order.
+/// column, [`DELETED`] if `columns` has it, then every other non-key column of `columns` in
+/// order.
 pub fn order_columns(columns: &[String], keys: &[String], ordering: &str) -> Vec<String> {
     let mut out = vec![ordering.to_string()];
+    if columns.iter().any(|c| c == DELETED) {
+        out.push(DELETED.to_string());
+    }
     out.extend(
         columns
             .iter()
-            .filter(|c| *c != ordering && !keys.contains(c))
+            .filter(|c| *c != ordering && *c != DELETED && !keys.contains(c))
             .cloned(),
     );
     out
+}
+
+/// `columns` without [`DELETED`]: what a table stores, and what its guard compares.
+pub fn stored_columns(columns: &[String]) -> Vec<String> {
+    columns.iter().filter(|c| *c != DELETED).cloned().collect()
 }
 
 /// Keeps the greatest row per key by [`order_columns`] (see the module docs): needed before

@@ -134,6 +134,21 @@ struct Columns {
     text: Vec<bool>,
 }
 
+impl Columns {
+    /// The columns the table stores: all but `_deleted`.
+    fn stored(&self) -> Columns {
+        let keep: Vec<usize> = (0..self.names.len())
+            .filter(|i| self.names[*i] != weir_core::sink::upsert::DELETED)
+            .collect();
+        Columns {
+            names: keep.iter().map(|i| self.names[*i].clone()).collect(),
+            types: keep.iter().map(|i| self.types[*i].clone()).collect(),
+            sql_types: keep.iter().map(|i| self.sql_types[*i].clone()).collect(),
+            text: keep.iter().map(|i| self.text[*i]).collect(),
+        }
+    }
+}
+
 impl PostgresUpsert {
     /// Upserts into `table` (may be `schema.table`) reached with `url` (libpq style:
     /// `host=.. port=.. user=.. dbname=..` or `postgresql://...`).
@@ -494,10 +509,11 @@ impl PostgresUpsert {
         let sql = match &self.staging {
             Some(staging) => {
                 let filter = " WHERE weir_app_id = $1 AND weir_batch_id = $2";
-                let upsert = self.upsert_sql(cols, &quote_ident(staging), filter);
-                tx.execute(&upsert, &[&app_id, &(id as i64)])
-                    .await
-                    .map_err(self.db(id, "upserting from the staging table"))?;
+                for sql in self.apply_sql(cols, &quote_ident(staging), filter) {
+                    tx.execute(&sql, &[&app_id, &(id as i64)])
+                        .await
+                        .map_err(self.db(id, "upserting from the staging table"))?;
+                }
                 format!(
                     "DELETE FROM {} WHERE weir_app_id = $1 AND weir_batch_id = $2",
                     quote_ident(staging)
@@ -523,10 +539,11 @@ impl PostgresUpsert {
                         .map_err(self.db(id, "INSERT into the temp table"))?,
                 }
                 fault::hit(POINT_AFTER_COPY, id).map_err(self.engine(id))?;
-                let upsert = self.upsert_sql(cols, temp, "");
-                tx.execute(&upsert, &[])
-                    .await
-                    .map_err(self.db(id, "upserting"))?;
+                for sql in self.apply_sql(cols, temp, "") {
+                    tx.execute(&sql, &[])
+                        .await
+                        .map_err(self.db(id, "upserting"))?;
+                }
                 return Ok(());
             }
         };

@@ -506,10 +506,12 @@ impl PostgresUpsert {
             .await
             .map_err(self.db(id, "claiming the batch in the ledger"))?;
         if claimed == Claim::New {
-            client
-                .execute(&self.upsert_sql(&cols, temp, ""), &[])
-                .await
-                .map_err(self.db(id, "upserting"))?;
+            for sql in self.apply_sql(&cols, temp, "") {
+                client
+                    .execute(&sql, &[])
+                    .await
+                    .map_err(self.db(id, "upserting"))?;
+            }
         } else {
             self.landed_before(claimed, id, ctx.is_replay, &app_id)?;
             open.new = false;

@@ -2,7 +2,7 @@
 //! the filter that keeps only rows newer than the table's.
 
 use super::{Columns, PostgresUpsert};
-use weir_core::sink::upsert::order_columns;
+use weir_core::sink::upsert::{DELETED, order_columns};
 
 use crate::{quote_ident, quote_list};
 
@@ -16,8 +16,45 @@ impl PostgresUpsert {
             .join(", ")
     }
 
+    /// The statements that apply the rows staged in `<from>` (`filter`: `""` or ` WHERE
+    /// ..`), in order: for a batch with `_deleted`, the `DELETE` of the keys its deletes
+    /// name (unless the stored row is newer on the ordering column, NULL lowest), then the
+    /// guarded `INSERT .. ON CONFLICT` of the other rows.
+    pub(super) fn apply_sql(&self, cols: &Columns, from: &str, filter: &str) -> Vec<String> {
+        if !cols.names.iter().any(|n| n == DELETED) {
+            return vec![self.upsert_sql(cols, from, filter)];
+        }
+        let deleted = quote_ident(DELETED);
+        let and = |cond: &str| {
+            if filter.is_empty() {
+                format!(" WHERE {cond}")
+            } else {
+                format!("{filter} AND {cond}")
+            }
+        };
+        let keys: Vec<String> = self
+            .keys
+            .iter()
+            .map(|k| format!("t.{0} = s.{0}", quote_ident(k)))
+            .collect();
+        let o = quote_ident(&self.ordering);
+        let delete = format!(
+            "DELETE FROM {} AS t USING (SELECT * FROM {from}{}) AS s WHERE {} AND NOT \
+             (t.{o} IS NOT NULL AND (s.{o} IS NULL OR t.{o} > s.{o}))",
+            quote_ident(&self.table),
+            and(&format!("{deleted} IS TRUE")),
+            keys.join(" AND ")
+        );
+        let upsert = self.upsert_sql(
+            &cols.stored(),
+            from,
+            &and(&format!("{deleted} IS NOT TRUE")),
+        );
+        vec![delete, upsert]
+    }
+
     /// `INSERT INTO target AS t (...) SELECT ... FROM <from> [WHERE ..] ON CONFLICT ...`.
-    pub(super) fn upsert_sql(&self, cols: &Columns, from: &str, filter: &str) -> String {
+    fn upsert_sql(&self, cols: &Columns, from: &str, filter: &str) -> String {
         let list = quote_list(&cols.names);
         let keys = quote_list(&self.keys);
         let updates: Vec<String> = cols

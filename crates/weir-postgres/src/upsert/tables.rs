@@ -39,7 +39,7 @@ impl PostgresUpsert {
             let sql = format!(
                 "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({keys}))",
                 quote_ident(&self.table),
-                Self::column_defs(cols)
+                Self::column_defs(&cols.stored())
             );
             create_if_missing(client, &sql)
                 .await
