@@ -113,7 +113,9 @@ pub enum Error {
     /// the batch would read other data.
     #[error(
         "input file {file}, taken by batch {batch_id}, {change}: files must stay as they are \
-         until their batch is committed"
+         until their batch is committed (the batch runs again on what it took); put the file \
+         back as it was (its bytes and modification time), and to get past a bad record in it run once with mode = \
+         \"DROPMALFORMED\" on the source (that batch then drops it), then set FAILFAST again"
     )]
     InputChanged {
         file: String,
@@ -123,7 +125,7 @@ pub enum Error {
 
     /// A line of an input file could not be parsed (FAILFAST); `line` 0: the file as a
     /// whole (a Parquet file), whose reason names the row.
-    #[error("malformed record in {file}{}: {reason}", at_line(*line))]
+    #[error("malformed record in {file}{}: {reason}{}", at_line(*line), way_out(*line))]
     MalformedInput {
         file: String,
         line: u64,
@@ -297,6 +299,17 @@ impl Error {
             source_name: source_name.into(),
             source: source.into(),
         }
+    }
+}
+
+/// For a bad line: how to get past it, since the file may not be repaired.
+fn way_out(line: u64) -> &'static str {
+    if line == 0 {
+        ""
+    } else {
+        " (FAILFAST; the file must stay as it was taken until its batch commits: to go on, \
+         run once with mode = \"DROPMALFORMED\" on the source, which replays the batch \
+         without the record and counts it, then set FAILFAST again)"
     }
 }
 

@@ -562,3 +562,100 @@ async fn a_kill_around_the_state_commit_leaves_windowed_counts_equal_to_a_clean_
         );
     }
 }
+
+/// A cut JSON line in a file of a batch stops the query under FAILFAST; the file may not be
+/// repaired (its batch replays it as it was taken), and the error says the way out: run
+/// once with `mode = "DROPMALFORMED"`, which replays that batch without the record, then go
+/// back to FAILFAST. Every sink ends with every good row once.
+#[tokio::test]
+async fn a_poison_file_is_passed_by_one_run_with_dropmalformed_and_every_sink_is_exact() {
+    use weir_core::datafusion::prelude::SessionContext;
+    let dir = temp_dir();
+    let input = dir.path().join("in");
+    gen_orders(&input, 3, 10, 30);
+    let mut want = crate::input_rows(&input).await;
+    // The second file gets a cut last line (written last, it is the third batch's).
+    let mut names: Vec<_> = std::fs::read_dir(&input)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    let poisoned = &names[1];
+    let mut text = std::fs::read_to_string(poisoned).unwrap();
+    text.push_str("{\"order_id\": 999999, \"status\": \"cut");
+    std::fs::write(poisoned, &text).unwrap();
+    let taken = std::fs::metadata(poisoned).unwrap().modified().unwrap();
+    let table = "poison_orders";
+    let pg = &weir_testkit::postgres().url;
+    let sinks = format!(
+        "[[sink]]\ntype = \"delta-append\"\npath = \"delta\"\n\n\
+         [[sink]]\ntype = \"postgres-upsert\"\nurl = \"{pg}\"\ntable = \"{table}\"\n\
+         keys = [\"order_id\"]\nordering = \"updated_at\"\ncreate-table = true\n\n\
+         [[sink]]\ntype = \"parquet\"\npath = \"out\"\n"
+    );
+    let p = pipeline(dir.path(), &sinks);
+    let failfast = std::fs::read_to_string(&p).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("batch 2") && err.contains("at line 11") && err.contains("DROPMALFORMED"),
+        "the error names the batch, the line and the way out: {err}"
+    );
+    // Repairing the file is refused: the batch must replay what it took.
+    let repaired = text.replace("{\"order_id\": 999999, \"status\": \"cut", "");
+    std::fs::write(poisoned, &repaired).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("DROPMALFORMED"),
+        "{err}"
+    );
+    // Put back as it was: its bytes and its modification time.
+    std::fs::write(poisoned, &text).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(poisoned)
+        .unwrap()
+        .set_modified(taken)
+        .unwrap();
+    // The way out: one run with DROPMALFORMED, then FAILFAST again for new files.
+    std::fs::write(
+        &p,
+        failfast.replace(
+            "max-files-per-trigger",
+            "mode = \"DROPMALFORMED\"\nmax-files-per-trigger",
+        ),
+    )
+    .unwrap();
+    let progress = dir.path().join("progress.jsonl");
+    run_to_end(&p, &progress);
+    std::fs::write(&p, &failfast).unwrap();
+    let more = dir.path().join("more");
+    gen_orders_from(&more, 3, 1, 10, 30);
+    want.extend(crate::input_rows(&more).await);
+    want.sort();
+    for f in std::fs::read_dir(&more).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), input.join(f.file_name())).unwrap();
+    }
+    run_to_end(&p, &progress);
+    // Every good row once in every sink (the cut line in none).
+    let cols = ["order_id", "status", "amount", "updated_at"];
+    assert_eq!(
+        weir_testkit::parquet_rows(&dir.path().join("out"), &cols).await,
+        want
+    );
+    let ctx = SessionContext::new();
+    let delta = weir_delta::read_table(&ctx, &dir.path().join("delta").into())
+        .await
+        .unwrap();
+    assert_eq!(
+        weir_testkit::rows(delta.select_columns(&cols).unwrap()).await,
+        want
+    );
+    let keys: std::collections::BTreeSet<&str> =
+        want.iter().map(|r| r.split('|').next().unwrap()).collect();
+    let stored = weir_testkit::pg_rows(pg, &format!("SELECT order_id::text FROM {table}")).await;
+    assert_eq!(stored.len(), keys.len());
+}
