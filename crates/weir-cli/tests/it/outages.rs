@@ -22,6 +22,34 @@ impl Drop for Driver {
     }
 }
 
+/// `weir run p` with progress to `dir/progress.jsonl`, stderr to `dir/stderr.txt` and the
+/// HTTP endpoint on a free port: the driver, the progress file, the stderr file and the
+/// endpoint's base URL.
+fn start_monitored(
+    p: &std::path::Path,
+    dir: &std::path::Path,
+) -> (Driver, std::path::PathBuf, std::path::PathBuf, String) {
+    let progress = dir.join("progress.jsonl");
+    let stderr_path = dir.join("stderr.txt");
+    let port = free_port();
+    let child = Command::new(bin())
+        .args(["run", p.to_str().unwrap(), "--progress"])
+        .arg(&progress)
+        .arg("--http")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    (
+        Driver(child),
+        progress,
+        stderr_path,
+        format!("http://127.0.0.1:{port}"),
+    )
+}
+
 /// What happens to the server under the running query.
 #[derive(Clone, Copy, PartialEq)]
 enum Outage {
@@ -75,21 +103,7 @@ async fn through_an_outage(outage: Outage) {
         "trigger = \"available-now\"\nretry = { attempts = 100, initial = \"200ms\", max = \"1s\" }",
     );
     std::fs::write(&p, text).unwrap();
-    let progress = dir.path().join("progress.jsonl");
-    let stderr_path = dir.path().join("stderr.txt");
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let child = Command::new(bin())
-        .args(["run", p.to_str().unwrap(), "--progress"])
-        .arg(&progress)
-        .arg("--http")
-        .arg(format!("127.0.0.1:{port}"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let mut driver = Driver(child);
+    let (mut driver, progress, stderr_path, base) = start_monitored(&p, dir.path());
     let stderr = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
     wait_until("3 batches", Duration::from_secs(120), || {
         progress_batches(&progress).len() >= 3
@@ -278,20 +292,7 @@ async fn through_a_broker_outage(outage: Outage) {
         ),
     )
     .unwrap();
-    let progress = dir.path().join("progress.jsonl");
-    let stderr_path = dir.path().join("stderr.txt");
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let child = Command::new(bin())
-        .args(["run", p.to_str().unwrap(), "--progress"])
-        .arg(&progress)
-        .arg("--http")
-        .arg(format!("127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let mut driver = Driver(child);
+    let (mut driver, progress, stderr_path, base) = start_monitored(&p, dir.path());
     let stderr = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
     wait_until("2 batches", Duration::from_secs(120), || {
         progress_batches(&progress).len() >= 2
