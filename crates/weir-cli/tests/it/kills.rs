@@ -9,7 +9,7 @@ use weir_core::sink::PARQUET_POINTS;
 use weir_testkit::{parquet_rows, rows, run_weir, temp_dir};
 
 use crate::{
-    SCHEMA, bin, gen_orders, gen_orders_from, input_rows, last_progress, pipeline,
+    SCHEMA, bin, gen_orders, gen_orders_from, input_rows, last_progress, pipeline, pipeline_with,
     progress_batches, run_to_end, run_with_progress, weir_cli_schema,
 };
 
@@ -658,4 +658,96 @@ async fn a_poison_file_is_passed_by_one_run_with_dropmalformed_and_every_sink_is
         want.iter().map(|r| r.split('|').next().unwrap()).collect();
     let stored = weir_testkit::pg_rows(pg, &format!("SELECT order_id::text FROM {table}")).await;
     assert_eq!(stored.len(), keys.len());
+}
+
+/// `dead-letter`: the malformed lines of every file go to a Parquet folder with their file,
+/// line, error and batch id, each once, through a kill at every point of the batch (and a
+/// kill in the middle of a run); the sinks get every sound line once.
+#[tokio::test]
+async fn a_dead_letter_holds_each_bad_line_once_with_its_position_through_kills() {
+    for point in RUNNER_POINTS {
+        let dir = temp_dir();
+        let input = dir.path().join("in");
+        let clean = dir.path().join("clean");
+        gen_orders(&clean, 5, 20, 50);
+        let want = input_rows(&clean).await;
+        // Two bad lines in each file, at lines 3 and 21 of 22: a cut record and a number
+        // in quotes.
+        std::fs::create_dir_all(&input).unwrap();
+        let mut names: Vec<_> = std::fs::read_dir(&clean)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        let mut bad = Vec::new();
+        for f in &names {
+            let mut lines: Vec<String> = std::fs::read_to_string(f)
+                .unwrap()
+                .lines()
+                .map(String::from)
+                .collect();
+            lines.insert(2, "{\"order_id\": 5, \"status\": \"cut".into());
+            lines.push("{\"order_id\": 6, \"amount\": \"7.25\"}".into());
+            lines.push(lines[3].clone());
+            lines.remove(3);
+            let name = f.file_name().unwrap().to_string_lossy().to_string();
+            std::fs::write(input.join(&name), lines.join("\n") + "\n").unwrap();
+            bad.push(format!("{name}|3"));
+            bad.push(format!("{name}|21"));
+        }
+        bad.sort();
+        let p = pipeline_with(
+            dir.path(),
+            1,
+            "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n\n\
+             [[sink]]\ntype = \"delta-append\"\npath = \"delta\"\n",
+        );
+        let text = std::fs::read_to_string(&p).unwrap().replace(
+            "max-files-per-trigger",
+            "dead-letter = \"dead\"\nmax-files-per-trigger",
+        );
+        std::fs::write(&p, text).unwrap();
+        let prog1 = dir.path().join("progress1.jsonl");
+        let prog2 = dir.path().join("progress2.jsonl");
+        killed_in_batch_2_then_rerun(&p, point, &prog1, &prog2);
+        let cols = ["order_id", "status", "amount", "updated_at"];
+        let mut got = parquet_rows(&dir.path().join("out"), &cols).await;
+        got.sort();
+        assert_eq!(got, want, "{point}: every sound line once");
+        let delta =
+            weir_delta::read_table(&SessionContext::new(), &dir.path().join("delta").into())
+                .await
+                .unwrap();
+        assert_eq!(
+            rows(delta.select_columns(&cols).unwrap()).await,
+            want,
+            "{point}"
+        );
+        let dead = parquet_rows(&dir.path().join("dead"), &["file", "line"]).await;
+        let mut dead: Vec<String> = dead
+            .iter()
+            .map(|r| {
+                let (file, line) = r.rsplit_once('|').unwrap();
+                let name = std::path::Path::new(file)
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy();
+                format!("{name}|{line}")
+            })
+            .collect();
+        dead.sort();
+        assert_eq!(dead, bad, "{point}: each bad line once in the dead letter");
+        let errors = parquet_rows(&dir.path().join("dead"), &["line", "error", "record"]).await;
+        for r in &errors {
+            let (line, rest) = r.split_once('|').unwrap();
+            if line == "21" {
+                assert!(rest.contains("cannot hold the string \"7.25\""), "{r}");
+            } else {
+                assert!(rest.ends_with("{\"order_id\": 5, \"status\": \"cut"), "{r}");
+            }
+        }
+        let ids = parquet_rows(&dir.path().join("dead"), &["batch_id"]).await;
+        let batches: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(batches.len(), 5, "{point}: a batch id per file: {ids:?}");
+    }
 }

@@ -68,6 +68,9 @@ pub struct FilesConfig {
     pub clean_source: Option<CleanName>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_archive_dir: Option<String>,
+    /// A folder for malformed lines (JSON), written once per batch and file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<String>,
 }
 
 impl FilesConfig {
@@ -129,6 +132,12 @@ impl FilesConfig {
         o.latest_first = self.latest_first;
         o.max_file_age = self.max_file_age.map(|d| d.0);
         o.mode = self.mode.unwrap_or_default();
+        if let Some(d) = &self.dead_letter {
+            o.dead_letter = Some(env.location("source.dead-letter", d)?);
+            if self.mode.is_none() {
+                o.mode = BadRecordMode::DropMalformed;
+            }
+        }
         o.check_modes("source.")?;
         o.clean_source = match (self.clean_source, &self.source_archive_dir) {
             (None | Some(CleanName::Off), None) => CleanSource::Off,
@@ -184,8 +193,9 @@ impl SourceSpec for FilesConfig {
             ..ReadLimit::ALL
         })
     }
+    /// Not with a dead letter yet: the workers' reads do not write one.
     fn reads_on_workers(&self) -> bool {
-        true
+        self.dead_letter.is_none()
     }
 }
 
@@ -250,5 +260,35 @@ mod tests {
         .unwrap();
         let err = c.options(&BuildEnv::default()).err().unwrap().to_string();
         assert!(err.contains("source.mode"), "{err}");
+    }
+
+    /// A dead letter drops the bad lines from the batch: another mode, another format or
+    /// a folder inside the source's is refused, naming the key.
+    #[test]
+    fn a_dead_letter_is_refused_where_it_cannot_work() {
+        let refused = |json: &str, key: &str| {
+            let c: FilesConfig = serde_json::from_str(json).unwrap();
+            let err = c.options(&BuildEnv::default()).err().unwrap().to_string();
+            assert!(err.contains(key), "{json}: {err}");
+        };
+        refused(
+            r#"{"path": "in", "format": "json", "schema": ["id bigint"], "dead-letter": "dead", "mode": "PERMISSIVE"}"#,
+            "source.mode",
+        );
+        refused(
+            r#"{"path": "in", "format": "csv", "csv-header": false, "schema": ["id bigint"], "dead-letter": "dead"}"#,
+            "source.dead-letter",
+        );
+        refused(
+            r#"{"path": "in", "format": "json", "schema": ["id bigint"], "dead-letter": "in/dead"}"#,
+            "source.dead-letter",
+        );
+        let ok: FilesConfig = serde_json::from_str(
+            r#"{"path": "in", "format": "json", "schema": ["id bigint"], "dead-letter": "dead"}"#,
+        )
+        .unwrap();
+        let o = ok.options(&BuildEnv::default()).unwrap();
+        assert_eq!(o.mode, BadRecordMode::DropMalformed);
+        assert!(!ok.reads_on_workers());
     }
 }

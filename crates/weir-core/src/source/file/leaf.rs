@@ -232,7 +232,7 @@ impl ExecutionPlan for RecordedFilesExec {
         let stream = futures::stream::iter(mine)
             .map(move |e| {
                 let (dir, format, schema) = (dir.clone(), format.clone(), schema.clone());
-                async move { read::read_entry(&dir, e, &format, &schema, mode).await }
+                async move { read::read_entry(&dir, e, &format, &schema, mode, None).await }
             })
             // One file is fetched while the one before it is decoded.
             .buffered(2)

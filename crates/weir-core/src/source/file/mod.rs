@@ -29,6 +29,7 @@
 //! Every 10th log entry is written as `<N>.compact` holding the entries still needed: the
 //! remembered files and the batches within retention.
 
+mod dead_letter;
 mod leaf;
 mod log;
 mod options;
@@ -404,7 +405,8 @@ impl Source for FileSource {
     }
 
     fn reads_on_workers(&self) -> bool {
-        true
+        // The workers' reads do not write a dead letter.
+        self.opts.dead_letter.is_none()
     }
 
     async fn open(&self, init: &SourceInit) -> Result<()> {
@@ -535,6 +537,7 @@ impl Source for FileSource {
             .clone()
             .unwrap_or_else(|| self.schema.clone());
         let mode = self.opts.mode;
+        let dead = self.opts.dead_letter.clone();
         if super::leaf::scans_on_cluster(ctx) {
             // Read where the plan runs: the workers, each its share of the files.
             let scan = FilesScan {
@@ -565,7 +568,7 @@ impl Source for FileSource {
         // the cores do not wait on the store at the start of a range.
         let parallel = 2 * crate::cores().max(2);
         let decoded: Vec<(RecordBatch, u64)> = futures::stream::iter(files)
-            .map(|e| read::read_entry(&dir, e, &format, &base, mode))
+            .map(|e| read::read_entry(&dir, e, &format, &base, mode, dead.as_ref()))
             .buffered(parallel)
             .try_collect()
             .await?;

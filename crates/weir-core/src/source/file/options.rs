@@ -58,6 +58,10 @@ pub struct FileSourceOptions {
     pub mode: BadRecordMode,
     /// What happens to files once their batch is committed (`cleanSource`).
     pub clean_source: CleanSource,
+    /// Where malformed lines go (`dead-letter`, JSON only): each with its file, line,
+    /// error and batch id, one Parquet file per batch and input file, written once. The
+    /// lines are dropped from the batch.
+    pub dead_letter: Option<Location>,
 }
 
 impl FileSourceOptions {
@@ -71,6 +75,7 @@ impl FileSourceOptions {
             max_file_age: None,
             mode: BadRecordMode::FailFast,
             clean_source: CleanSource::Off,
+            dead_letter: None,
         }
     }
 
@@ -87,6 +92,35 @@ impl FileSourceOptions {
             }
         } else if let Some(s) = &self.schema {
             check_corrupt_column(s).map_err(|r| Error::config(format!("{prefix}schema"), r))?;
+        }
+        if let Some(dead) = &self.dead_letter {
+            if self.format != FileFormat::Json {
+                return Err(Error::config(
+                    format!("{prefix}dead-letter"),
+                    "applies to JSON lines (format = \"json\") for now",
+                ));
+            }
+            if self.mode != BadRecordMode::DropMalformed {
+                return Err(Error::config(
+                    format!("{prefix}mode"),
+                    "with dead-letter, malformed lines go to the dead letter and leave the \
+                     batch: leave mode unset (or DROPMALFORMED)",
+                ));
+            }
+            let folder = |l: &Location| {
+                let u = l.url().as_str().trim_end_matches('/').to_string();
+                format!("{u}/")
+            };
+            let (d, p) = (folder(dead), folder(&self.path));
+            if d.starts_with(&p) || p.starts_with(&d) {
+                return Err(Error::config(
+                    format!("{prefix}dead-letter"),
+                    format!(
+                        "{dead} is in the folder the source reads ({}), or holds it",
+                        self.path
+                    ),
+                ));
+            }
         }
         Ok(())
     }

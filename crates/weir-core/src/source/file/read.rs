@@ -46,6 +46,7 @@ pub(super) async fn read_entry(
     format: &FileFormat,
     schema: &SchemaRef,
     mode: BadRecordMode,
+    dead: Option<&Location>,
 ) -> Result<(RecordBatch, u64)> {
     let name = e.name();
     let shown = dir.describe(&name);
@@ -71,8 +72,48 @@ pub(super) async fn read_entry(
         )));
     }
     let (format, schema) = (format.clone(), schema.clone());
+    if let Some(dead) = dead {
+        let batch_id = e.batch_id;
+        let (d, letters) = blocking(move || {
+            let d = decode_file(bytes.clone(), &shown, &format, &schema, mode)?;
+            let letters = if d.malformed > 0 {
+                super::dead_letter::letters(&bytes, &shown, &schema, batch_id)?
+            } else {
+                None
+            };
+            Ok((d, letters))
+        })
+        .await?;
+        if let Some(letters) = letters {
+            super::dead_letter::write(dead, &name, batch_id, letters).await?;
+        }
+        return Ok((d.batch, d.malformed));
+    }
     let d = blocking(move || decode_file(bytes, &shown, &format, &schema, mode)).await?;
     Ok((d.batch, d.malformed))
+}
+
+/// The non-blank lines of a JSON-lines file, each with its line number (1-based), CR
+/// dropped.
+pub(super) fn json_lines(text: &[u8]) -> (Vec<Option<&[u8]>>, Vec<u64>) {
+    let mut records = Vec::new();
+    let mut line_of = Vec::new();
+    let mut start = 0;
+    let ends = memchr::memchr_iter(b'\n', text).chain(std::iter::once(text.len()));
+    for (i, end) in ends.enumerate() {
+        // A CRLF file's lines without their CR (JSON reads it as blank space, but
+        // PERMISSIVE keeps the line's text).
+        let line = text[start..end]
+            .strip_suffix(b"\r")
+            .unwrap_or(&text[start..end]);
+        start = end + 1;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        records.push(Some(line));
+        line_of.push(i as u64 + 1);
+    }
+    (records, line_of)
 }
 
 /// Decodes `bytes` (the whole file `shown`) into rows of `schema`.
@@ -94,23 +135,7 @@ pub(super) fn decode_file(
         FileFormat::Json => {
             let text = decode::strip_bom(&bytes);
             // One record per non-blank line.
-            let mut records = Vec::new();
-            let mut line_of = Vec::new();
-            let mut start = 0;
-            let ends = memchr::memchr_iter(b'\n', text).chain(std::iter::once(text.len()));
-            for (i, end) in ends.enumerate() {
-                // A CRLF file's lines without their CR (JSON reads it as blank space, but
-                // PERMISSIVE keeps the line's text).
-                let line = text[start..end]
-                    .strip_suffix(b"\r")
-                    .unwrap_or(&text[start..end]);
-                start = end + 1;
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                records.push(Some(line));
-                line_of.push(i as u64 + 1);
-            }
+            let (records, line_of) = json_lines(text);
             decode::json_checked(schema, &records, text, mode)
                 .map_err(|m| malformed(shown, line_of.get(m.index).copied().unwrap_or(0), m.reason))
         }
