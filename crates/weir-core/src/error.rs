@@ -114,8 +114,9 @@ pub enum Error {
     #[error(
         "input file {file}, taken by batch {batch_id}, {change}: files must stay as they are \
          until their batch is committed (the batch runs again on what it took); put the file \
-         back as it was (its bytes and modification time), and to get past a bad record in it run once with mode = \
-         \"DROPMALFORMED\" on the source (that batch then drops it), then set FAILFAST again"
+         back as it was (its bytes and modification time); to get past a bad record in it, \
+         run once with mode = \"DROPMALFORMED\" on the source and trigger = \"once\" (which \
+         replays only that batch, without the record), then set FAILFAST and the trigger back"
     )]
     InputChanged {
         file: String,
@@ -308,8 +309,9 @@ fn way_out(line: u64) -> &'static str {
         ""
     } else {
         " (FAILFAST; the file must stay as it was taken until its batch commits: to go on, \
-         run once with mode = \"DROPMALFORMED\" on the source, which replays the batch \
-         without the record and counts it, then set FAILFAST again)"
+         run once with mode = \"DROPMALFORMED\" on the source and trigger = \"once\", which \
+         replays only that batch, without the record, and counts it; then set FAILFAST and \
+         the trigger back)"
     }
 }
 

@@ -480,8 +480,17 @@ impl Chunk {
     }
 
     fn parse(&self, schema: &SchemaRef, mode: BadRecordMode, o: &KafkaOptions) -> Parsed {
+        let keys = tombstone::check_keys(&self.tombs, schema, o);
         let batch = decode::json_checked(schema, &self.records(), &self.lines, mode)
-            .and_then(|d| tombstone::apply(d.batch, &self.tombs, schema, o));
+            .map_err(|m| {
+                // FAILFAST names the first bad record in offset order, a tombstone's key
+                // included.
+                match keys.iter().filter_map(|k| k.as_ref().err()).next() {
+                    Some(k) if k.index < m.index => k.clone(),
+                    _ => m,
+                }
+            })
+            .and_then(|d| tombstone::apply(d.batch, &self.tombs, &keys, schema, o, mode));
         let (batch, skipped) = match batch {
             Ok((b, n)) => (Ok(b), n),
             Err(m) => (Err(m), 0),

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use weir_core::datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, RecordBatchOptions, new_null_array,
+    Array, ArrayRef, BooleanArray, RecordBatchOptions, StringArray, new_null_array,
 };
 use weir_core::datafusion::arrow::compute::{filter_record_batch, interleave};
 use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -79,14 +79,43 @@ pub(crate) fn schema(base: SchemaRef, t: Tombstones) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// Applies `o.tombstones` to `batch`, a chunk's decoded rows (`asked`: the values' schema);
-/// a key that is not a JSON object of the schema's columns is a bad record under any mode.
+/// The tombstones' keys, checked: for each tombstone (in order) its key row's JSON line, or
+/// why it cannot be a delete (not a JSON object, or a value its column cannot hold). Only
+/// for `Tombstones::Delete`.
+pub(crate) fn check_keys(
+    tombs: &[Tomb],
+    asked: &SchemaRef,
+    o: &KafkaOptions,
+) -> Vec<std::result::Result<Vec<u8>, Malformed>> {
+    if o.tombstones != Tombstones::Delete {
+        return Vec::new();
+    }
+    tombs
+        .iter()
+        .map(|t| {
+            let line = key_line(t, o.tombstone_timestamp.as_deref())?;
+            decode::json_each(asked, &[Some(line.as_slice())], BadRecordMode::FailFast)
+                .map(|_| line)
+                .map_err(|m| Malformed {
+                    index: t.index,
+                    reason: format!("the tombstone's key: {}", m.reason),
+                })
+        })
+        .collect()
+}
+
+/// Applies `o.tombstones` to `batch`, a chunk's decoded rows (`asked`: the values' schema;
+/// `keys`: [`check_keys`]' answer). A tombstone whose key cannot be a delete is a bad record
+/// under `mode`: under FAILFAST the caller reported it already; DROPMALFORMED drops its row,
+/// PERMISSIVE keeps it as a row of NULLs (not a delete) with the key in `_corrupt_record`.
 /// The rows, and the tombstones dropped.
 pub(crate) fn apply(
     batch: RecordBatch,
     tombs: &[Tomb],
+    keys: &[std::result::Result<Vec<u8>, Malformed>],
     asked: &SchemaRef,
     o: &KafkaOptions,
+    mode: BadRecordMode,
 ) -> std::result::Result<(RecordBatch, u64), Malformed> {
     let internal = |reason: String| Malformed { index: 0, reason };
     match o.tombstones {
@@ -104,41 +133,68 @@ pub(crate) fn apply(
             Ok((kept, tombs.len() as u64))
         }
         Tombstones::Delete => {
+            if let Some(Err(m)) = keys.iter().find(|k| k.is_err())
+                && mode == BadRecordMode::FailFast
+            {
+                return Err(m.clone());
+            }
             let n = batch.num_rows();
             let mut deleted = vec![false; n];
-            let rows = if tombs.is_empty() {
+            let mut keep = vec![true; n];
+            // The good keys' lines, and which tombstone each is.
+            let mut lines: Vec<&[u8]> = Vec::new();
+            let mut which: Vec<(usize, usize)> = (0..n).map(|i| (0, i)).collect();
+            let mut corrupt: Vec<Option<String>> = vec![None; n];
+            for (t, k) in tombs.iter().zip(keys) {
+                match k {
+                    Ok(line) => {
+                        which[t.index] = (1, lines.len());
+                        deleted[t.index] = true;
+                        lines.push(line);
+                    }
+                    Err(_) if mode == BadRecordMode::DropMalformed => keep[t.index] = false,
+                    Err(_) => {
+                        corrupt[t.index] = Some(
+                            String::from_utf8_lossy(t.key.as_deref().unwrap_or_default())
+                                .into_owned(),
+                        );
+                    }
+                }
+            }
+            let mut columns = if lines.is_empty() {
                 batch.columns().to_vec()
             } else {
-                let lines = tombs
-                    .iter()
-                    .map(|t| key_line(t, o.tombstone_timestamp.as_deref()))
-                    .collect::<std::result::Result<Vec<_>, Malformed>>()?;
-                let records: Vec<Option<&[u8]>> =
-                    lines.iter().map(|l| Some(l.as_slice())).collect();
-                let keys = decode::json_each(asked, &records, BadRecordMode::FailFast)
-                    .map_err(|m| Malformed {
-                        index: tombs[m.index].index,
-                        reason: format!("the tombstone's key: {}", m.reason),
-                    })?
+                let records: Vec<Option<&[u8]>> = lines.iter().map(|l| Some(*l)).collect();
+                let rows = decode::json_each(asked, &records, BadRecordMode::FailFast)
+                    .map_err(|m| internal(m.reason))?
                     .batch;
-                // Row i of the output: the key row for a tombstone, else the decoded row.
-                let mut which: Vec<(usize, usize)> = (0..n).map(|i| (0, i)).collect();
-                for (j, t) in tombs.iter().enumerate() {
-                    which[t.index] = (1, j);
-                    deleted[t.index] = true;
-                }
                 let mut out: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
                 for (c, f) in batch.schema().fields().iter().enumerate() {
-                    let from_key = match keys.schema().index_of(f.name()) {
-                        Ok(k) => keys.column(k).clone(),
-                        Err(_) => new_null_array(f.data_type(), tombs.len()),
+                    let from_key = match rows.schema().index_of(f.name()) {
+                        Ok(k) => rows.column(k).clone(),
+                        Err(_) => new_null_array(f.data_type(), lines.len()),
                     };
                     let sources: [&dyn Array; 2] = [batch.column(c).as_ref(), from_key.as_ref()];
                     out.push(interleave(&sources, &which).map_err(|e| internal(e.to_string()))?);
                 }
                 out
             };
-            let mut columns = rows;
+            if corrupt.iter().any(Option::is_some)
+                && let Ok(c) = batch.schema().index_of(decode::CORRUPT_RECORD)
+            {
+                let given = columns[c].as_any().downcast_ref::<StringArray>().cloned();
+                let merged: StringArray = (0..n)
+                    .map(|i| {
+                        corrupt[i].clone().or_else(|| {
+                            given
+                                .as_ref()
+                                .filter(|g| g.is_valid(i))
+                                .map(|g| g.value(i).to_string())
+                        })
+                    })
+                    .collect();
+                columns[c] = Arc::new(merged);
+            }
             columns.push(Arc::new(BooleanArray::from(deleted)));
             let out = RecordBatch::try_new_with_options(
                 schema(batch.schema(), Tombstones::Delete),
@@ -146,7 +202,13 @@ pub(crate) fn apply(
                 &RecordBatchOptions::new().with_row_count(Some(n)),
             )
             .map_err(|e| internal(e.to_string()))?;
-            Ok((out, 0))
+            let dropped = keep.iter().filter(|k| !**k).count();
+            if dropped == 0 {
+                return Ok((out, 0));
+            }
+            let kept = filter_record_batch(&out, &BooleanArray::from(keep))
+                .map_err(|e| internal(e.to_string()))?;
+            Ok((kept, 0))
         }
     }
 }

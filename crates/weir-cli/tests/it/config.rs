@@ -668,6 +668,24 @@ fn a_refused_first_start_writes_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Refused by the source (a folder that is not there): no sink folder is claimed either,
+    // so the run once the folder exists is not refused as another query's.
+    let other = text
+        .replace("checkpoint = \"chk\"", "checkpoint = \"chk2\"")
+        .replace("path = \"in\"", "path = \"not yet\"")
+        .replace("path = \"out\"", "path = \"out2\"");
+    std::fs::write(&p, &other).unwrap();
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    assert!(!out.status.success());
+    assert!(!dir.path().join("chk2").exists());
+    assert!(!dir.path().join("out2/_weir_query").exists());
+    gen_orders(&dir.path().join("not yet"), 1, 5, 5);
+    let out = run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// `weir check --connect` reaches every place a pipeline uses, writes nothing, and names
@@ -740,6 +758,17 @@ fn check_connect_names_each_place_it_cannot_reach() {
     assert!(line("sink[4] delta-append").contains("FAILED"), "{text}");
     // Nothing was written: no checkpoint, no output folder.
     assert!(!dir.path().join("chk").exists() && !dir.path().join("out").exists());
+    // A source folder that is not there is what `weir run` refuses: not reached.
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("path = \"in\"", "path = \"nope\"");
+    std::fs::write(&p, text).unwrap();
+    let out = run_weir(&bin(), &["check", "--connect", p.to_str().unwrap()], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("FAILED   source (files)") && text.contains("Path does not exist"),
+        "{text}"
+    );
 }
 
 /// `weir check --connect` on a Kafka source: the subscribed topics' partitions, or the

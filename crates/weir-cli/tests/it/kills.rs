@@ -619,13 +619,16 @@ async fn a_poison_file_is_passed_by_one_run_with_dropmalformed_and_every_sink_is
         .unwrap()
         .set_modified(taken)
         .unwrap();
-    // The way out: one run with DROPMALFORMED, then FAILFAST again for new files.
+    // The way out: one run with DROPMALFORMED and trigger = "once" (only the pending
+    // batch), then FAILFAST again for new files.
     std::fs::write(
         &p,
-        failfast.replace(
-            "max-files-per-trigger",
-            "mode = \"DROPMALFORMED\"\nmax-files-per-trigger",
-        ),
+        failfast
+            .replace(
+                "max-files-per-trigger",
+                "mode = \"DROPMALFORMED\"\nmax-files-per-trigger",
+            )
+            .replace("trigger = \"available-now\"", "trigger = \"once\""),
     )
     .unwrap();
     let progress = dir.path().join("progress.jsonl");

@@ -192,12 +192,17 @@ async fn tombstones_are_skipped_and_counted_kept_as_null_rows_or_refused_without
         ("skip", Some(6), 0),
         ("row", Some(9), 3),
         ("delete", None, 0),
+        // A key that cannot be a delete is a bad record like any other: dropped, or kept
+        // with its key in _corrupt_record.
+        ("delete\"\nmode = \"DROPMALFORMED", Some(8), 0),
+        ("delete\"\nmode = \"PERMISSIVE", Some(9), 1),
     ] {
-        let out_dir = dir.path().join(format!("out_{mode}"));
+        let tag = mode.len();
+        let out_dir = dir.path().join(format!("out_{tag}"));
         std::fs::write(
             &p,
             format!(
-                "[query]\nname = \"t\"\ncheckpoint = \"chk_{mode}\"\n\n\
+                "[query]\nname = \"t\"\ncheckpoint = \"chk_{tag}\"\n\n\
                  [source]\ntype = \"kafka\"\nbootstrap-servers = \"{bootstrap}\"\nsubscribe = [\"{topic}\"]\n\
                  value-format = \"json\"\nschema = {SCHEMA}\ntombstones = \"{mode}\"\n\n\
                  [[sink]]\ntype = \"parquet\"\npath = \"{}\"\n",
@@ -205,7 +210,7 @@ async fn tombstones_are_skipped_and_counted_kept_as_null_rows_or_refused_without
             ),
         )
         .unwrap();
-        let progress = dir.path().join(format!("progress_{mode}.jsonl"));
+        let progress = dir.path().join(format!("progress_{tag}.jsonl"));
         let out = run_weir(
             &bin(),
             &[
@@ -223,6 +228,10 @@ async fn tombstones_are_skipped_and_counted_kept_as_null_rows_or_refused_without
                 let got = weir_testkit::parquet_rows(&out_dir, &["order_id", "status"]).await;
                 assert_eq!(got.len(), n, "{mode}: {got:?}");
                 assert_eq!(got.iter().filter(|r| r.as_str() == "|").count(), nulls);
+                if mode.ends_with("PERMISSIVE") {
+                    let kept = weir_testkit::parquet_rows(&out_dir, &["_corrupt_record"]).await;
+                    assert!(kept.iter().any(|r| r == "not json"), "{kept:?}");
+                }
                 if mode == "skip" {
                     let last = crate::last_progress(&progress);
                     assert_eq!(

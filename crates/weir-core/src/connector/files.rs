@@ -172,6 +172,23 @@ impl SourceSpec for FilesConfig {
         env.location("source.path", &self.path).ok()
     }
 
+    /// The folder must be there, as `weir run` requires of a local one.
+    async fn probe(&self, env: &BuildEnv) -> Result<String> {
+        let at = env.location("source.path", &self.path)?;
+        if let Some(p) = at.local_path()
+            && !p.is_dir()
+        {
+            return Err(Error::config(
+                "source.path",
+                format!(
+                    "{} is not a folder (Path does not exist): weir run refuses it",
+                    p.display()
+                ),
+            ));
+        }
+        Ok(format!("{at}: {}", at.probe().await?))
+    }
+
     fn schema(&self, env: &BuildEnv) -> Result<Option<datafusion::arrow::datatypes::SchemaRef>> {
         let o = self.options(env)?;
         Ok(o.schema.as_ref().map(|s| output_schema(s, o.mode)))

@@ -3,7 +3,7 @@
 //! In this order: the steps' checks against the source's columns; the checkpoint opened and
 //! taken (lock file or lease); where to start decided from its logs (`checkpoint::recovery`);
 //! a Spark checkpoint that weir cannot continue refused; the settings the last recorded batch
-//! pinned taken over; the sink asked to check where it writes; the source opened on its log.
+//! pinned taken over; the source opened on its log; the sink asked to check where it writes.
 //! Any failure after the checkpoint was taken releases it. Then the loop (`engine::runner`)
 //! is spawned on the current tokio runtime. A run of the loop that fails with an error that
 //! may pass goes through the same opening again (not the checks, nor taking the
@@ -147,7 +147,7 @@ struct Reopen {
 
 impl Reopen {
     /// Decides where to start from the checkpoint's logs, opens the steps on its state,
-    /// lets the sink check where it writes and opens the source on its log: what a process
+    /// opens the source on its log and lets the sink check where it writes: what a process
     /// does at start, so that running again after a failure is a restart in all but the
     /// process.
     async fn open(&self, checkpoint: &Checkpoint) -> Result<(StartPoint, Steps)> {
@@ -162,18 +162,21 @@ impl Reopen {
             self.state_partitions,
         )
         .await?;
-        // Sinks check where they write before anything runs.
-        let identity = QueryIdentity::of(checkpoint, &self.name);
-        self.sink
-            .open(&identity)
-            .await
-            .map_err(|source| Error::SinkRefused { source })?;
+        // The source opens on its log first: it writes nothing, while a sink's check may
+        // claim its place (a Parquet folder's `_weir_query`), which a source refused after
+        // it would leave claimed by a query that never ran.
         self.source
             .open(&SourceInit {
                 log: checkpoint.source_log(0),
                 retain_batches: self.retain,
             })
             .await?;
+        // Sinks check where they write before anything runs.
+        let identity = QueryIdentity::of(checkpoint, &self.name);
+        self.sink
+            .open(&identity)
+            .await
+            .map_err(|source| Error::SinkRefused { source })?;
         Ok((start, steps))
     }
 }
@@ -257,7 +260,9 @@ async fn run(spec: QuerySpec, parts: Parts, reopen: Reopen, shared: Arc<Shared>)
             Err(e) => Err(e),
         };
         let Err(e) = result else { break Ok(()) };
-        let batch = shared.current_batch();
+        // The batch the error names (planning batch N+1 fails while N is the last one
+        // started), else the last one started.
+        let batch = e.batch_id().or_else(|| shared.current_batch());
         if failing != Some(batch) {
             failed = 0;
             failing = Some(batch);

@@ -276,8 +276,37 @@ impl ParquetSink {
 
 #[async_trait]
 impl ForeachBatch for ParquetSink {
+    /// Refuses a folder another query owns (or unclaimed Parquet files) without claiming
+    /// it: the claim is written with the first batch, so a start refused later (by another
+    /// sink) leaves the folder as it was.
     async fn open(&self, query: &crate::sink::QueryIdentity) -> Result<(), BoxError> {
-        Ok(self.check_owner(query.query_id, 0).await?)
+        let names = self.dir.list_names().await?;
+        let mine = format!("{{\"queryId\":\"{}\"}}", query.query_id);
+        if names.iter().any(|n| n == OWNER) {
+            let theirs = self.dir.get(OWNER).await?.unwrap_or_default();
+            if theirs != mine.as_bytes() {
+                return Err(self
+                    .sink_err(
+                        0,
+                        format!(
+                            "the folder belongs to another query ({} holds {}, this query's id is \
+                             {}): a new checkpoint would overwrite its batch files. Give this \
+                             query its own folder, or remove the old files and {OWNER} if you \
+                             mean to start over",
+                            self.dir.describe(OWNER),
+                            String::from_utf8_lossy(&theirs).trim(),
+                            query.query_id
+                        ),
+                    )
+                    .into());
+            }
+            return Ok(());
+        }
+        // Unclaimed Parquet files are refused by the claim itself.
+        if names.iter().any(|n| n.ends_with(".parquet")) {
+            return Ok(self.check_owner(query.query_id, 0).await?);
+        }
+        Ok(())
     }
 
     async fn call(&self, batch: DataFrame, ctx: BatchContext) -> Result<(), BoxError> {
