@@ -89,6 +89,29 @@ pub struct Malformed {
     pub reason: String,
 }
 
+/// The non-blank lines of a JSON-lines file, each with its line number (1-based), CR
+/// dropped.
+pub(crate) fn json_lines(text: &[u8]) -> (Vec<Option<&[u8]>>, Vec<u64>) {
+    let mut records = Vec::new();
+    let mut line_of = Vec::new();
+    let mut start = 0;
+    let ends = memchr::memchr_iter(b'\n', text).chain(std::iter::once(text.len()));
+    for (i, end) in ends.enumerate() {
+        // A CRLF file's lines without their CR (JSON reads it as blank space, but
+        // PERMISSIVE keeps the line's text).
+        let line = text[start..end]
+            .strip_suffix(b"\r")
+            .unwrap_or(&text[start..end]);
+        start = end + 1;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        records.push(Some(line));
+        line_of.push(i as u64 + 1);
+    }
+    (records, line_of)
+}
+
 /// Decodes `buf` (JSON values separated by whitespace, normally one per line) expecting
 /// `rows` values (when known).
 pub fn json_all(

@@ -43,7 +43,7 @@ pub(super) fn letters(
     schema_asked: &SchemaRef,
     batch_id: u64,
 ) -> Result<Option<RecordBatch>> {
-    let (records, line_of) = super::read::json_lines(decode::strip_bom(bytes));
+    let (records, line_of) = decode::json_lines(decode::strip_bom(bytes));
     let (mut lines, mut texts, mut errors) = (Vec::new(), Vec::new(), Vec::new());
     for (r, line) in records.iter().zip(&line_of) {
         if let Err(m) = decode::json_each(schema_asked, &[*r], BadRecordMode::FailFast) {

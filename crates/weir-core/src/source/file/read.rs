@@ -93,29 +93,6 @@ pub(super) async fn read_entry(
     Ok((d.batch, d.malformed))
 }
 
-/// The non-blank lines of a JSON-lines file, each with its line number (1-based), CR
-/// dropped.
-pub(super) fn json_lines(text: &[u8]) -> (Vec<Option<&[u8]>>, Vec<u64>) {
-    let mut records = Vec::new();
-    let mut line_of = Vec::new();
-    let mut start = 0;
-    let ends = memchr::memchr_iter(b'\n', text).chain(std::iter::once(text.len()));
-    for (i, end) in ends.enumerate() {
-        // A CRLF file's lines without their CR (JSON reads it as blank space, but
-        // PERMISSIVE keeps the line's text).
-        let line = text[start..end]
-            .strip_suffix(b"\r")
-            .unwrap_or(&text[start..end]);
-        start = end + 1;
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        records.push(Some(line));
-        line_of.push(i as u64 + 1);
-    }
-    (records, line_of)
-}
-
 /// Decodes `bytes` (the whole file `shown`) into rows of `schema`.
 pub(super) fn decode_file(
     bytes: Bytes,
@@ -135,7 +112,7 @@ pub(super) fn decode_file(
         FileFormat::Json => {
             let text = decode::strip_bom(&bytes);
             // One record per non-blank line.
-            let (records, line_of) = json_lines(text);
+            let (records, line_of) = decode::json_lines(text);
             decode::json_checked(schema, &records, text, mode)
                 .map_err(|m| malformed(shown, line_of.get(m.index).copied().unwrap_or(0), m.reason))
         }
