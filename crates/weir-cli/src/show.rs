@@ -66,6 +66,8 @@ async fn show_into(root: Location, out: &mut String) -> Result<()> {
         anyhow::bail!("{root} is not a checkpoint: it has no metadata file");
     };
     let (offsets, commits) = cp.batch_ids().await?;
+    // What the next start would refuse: printed in place, and the exit status.
+    let mut problem: Option<String> = None;
     say!("checkpoint {root}");
     say!("query id   {}", cp.query_id());
     if let Some(n) = cp.created_name() {
@@ -100,7 +102,11 @@ async fn show_into(root: Location, out: &mut String) -> Result<()> {
         Ok(StartPoint::Replay { batch_id, .. }) => {
             say!("pending    batch {batch_id} is not committed: the next start runs it again")
         }
-        Err(e) => say!("problem    {}", weir_core::sink::error_chain(&e)),
+        Err(e) => {
+            let text = weir_core::sink::error_chain(&e);
+            say!("problem    {text}");
+            problem = Some(text);
+        }
     }
     let log = cp.source_log(0);
     for id in &offsets {
@@ -135,10 +141,16 @@ async fn show_into(root: Location, out: &mut String) -> Result<()> {
                     }
                 }
             }
-            Err(e) => say!("batch {id:>6}  {state:<9}  unreadable: {e}"),
+            Err(e) => {
+                say!("batch {id:>6}  {state:<9}  unreadable: {e}");
+                problem.get_or_insert_with(|| e.to_string());
+            }
         }
     }
-    Ok(())
+    match problem {
+        Some(p) => anyhow::bail!("{root}: the next start would refuse this checkpoint: {p}"),
+        None => Ok(()),
+    }
 }
 
 /// The files recorded for a file source log offset (plain entry, or the compact one).

@@ -33,7 +33,12 @@ pub enum KafkaSourceError {
     },
 
     /// A value could not be parsed in FAILFAST mode.
-    #[error("malformed record in topic {topic} partition {partition} at offset {offset}: {reason}")]
+    #[error(
+        "malformed record in topic {topic} partition {partition} at offset {offset}: {reason} \
+         (FAILFAST; a record cannot be changed: to go on, run once with mode = \
+         \"DROPMALFORMED\" on the source and trigger = \"once\", which replays only that \
+         batch, without the record, and counts it; then set FAILFAST and the trigger back)"
+    )]
     Malformed {
         topic: String,
         partition: i32,

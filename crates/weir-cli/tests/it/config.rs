@@ -182,6 +182,15 @@ fn checkpoint_show_names_the_pending_batch_and_its_files() {
         !bad.status.success() && err.contains("give KEY=VALUE"),
         "{err}"
     );
+    // A checkpoint the next start would refuse: shown, and exit 1.
+    std::fs::write(chk.join("commits/0"), "garbage").unwrap();
+    let out = run_weir(&bin(), &["checkpoint", "show", chk.to_str().unwrap()], None);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && shown.contains("problem") && err.contains("would refuse"),
+        "{shown}{err}"
+    );
 }
 
 #[test]
