@@ -15,7 +15,10 @@ use super::options::Cloud;
 use super::{FileMeta, FileVersion, StorageOptions, WriteOutcome};
 use crate::error::{Error, Result};
 
-type StoreKey = (String, String, StorageOptions);
+/// Scheme, bucket, settings, and the tokio runtime: a client's pooled connections belong to
+/// the runtime they were made on and die with it ("runtime dropped the dispatch task"), so
+/// a process with several runtimes (tests) must not share a client between them.
+type StoreKey = (String, String, StorageOptions, String);
 
 fn cache() -> &'static Mutex<HashMap<StoreKey, Arc<dyn ObjectStore>>> {
     static CACHE: OnceLock<Mutex<HashMap<StoreKey, Arc<dyn ObjectStore>>>> = OnceLock::new();
@@ -47,6 +50,9 @@ pub fn object_store_for(
         url.scheme().to_string(),
         url.host_str().unwrap_or_default().to_string() + url.username(),
         options.clone(),
+        tokio::runtime::Handle::try_current()
+            .map(|h| h.id().to_string())
+            .unwrap_or_default(),
     );
     if let Some(s) = cache().lock().ok().and_then(|c| c.get(&key).cloned()) {
         return Ok((s, path));
