@@ -111,7 +111,7 @@ impl ParquetSink {
         self.owner_checked
             .get_or_try_init(|| async {
                 self.dir.create_dir().await?;
-                let mine = Bytes::from(format!("{{\"queryId\":\"{query_id}\"}}"));
+                let mine = owner_bytes(query_id);
                 let names = self.dir.list_names().await?;
                 if !names.iter().any(|n| n == OWNER)
                     && let Some(part) = names.iter().find(|n| n.ends_with(".parquet"))
@@ -138,20 +138,25 @@ impl ParquetSink {
                 if theirs == mine {
                     return self.dir.delete_many(leftovers).await;
                 }
-                Err(self.sink_err(
-                    batch_id,
-                    format!(
-                        "the folder belongs to another query ({} holds {}, this query's id is \
-                         {query_id}): a new checkpoint would overwrite its batch files. Give \
-                         this query its own folder, or remove the old files and {OWNER} if \
-                         you mean to start over",
-                        self.dir.describe(OWNER),
-                        String::from_utf8_lossy(&theirs).trim()
-                    ),
-                ))
+                Err(self.owned_by_another(batch_id, &theirs, query_id))
             })
             .await
             .map(|_| ())
+    }
+
+    /// The folder's owner file names another query than `query_id`.
+    fn owned_by_another(&self, batch_id: u64, theirs: &[u8], query_id: uuid::Uuid) -> Error {
+        self.sink_err(
+            batch_id,
+            format!(
+                "the folder belongs to another query ({} holds {}, this query's id is \
+                 {query_id}): a new checkpoint would overwrite its batch files. Give this \
+                 query its own folder, or remove the old files and {OWNER} if you mean to \
+                 start over",
+                self.dir.describe(OWNER),
+                String::from_utf8_lossy(theirs).trim()
+            ),
+        )
     }
 
     /// Writes batch `ctx.batch_id` from `df`; returns the rows written.
@@ -274,6 +279,11 @@ impl ParquetSink {
     }
 }
 
+/// What the owner file of `query_id`'s folder holds.
+fn owner_bytes(query_id: uuid::Uuid) -> Bytes {
+    Bytes::from(format!("{{\"queryId\":\"{query_id}\"}}"))
+}
+
 #[async_trait]
 impl ForeachBatch for ParquetSink {
     /// Refuses a folder another query owns (or unclaimed Parquet files) without claiming
@@ -281,24 +291,11 @@ impl ForeachBatch for ParquetSink {
     /// sink) leaves the folder as it was.
     async fn open(&self, query: &crate::sink::QueryIdentity) -> Result<(), BoxError> {
         let names = self.dir.list_names().await?;
-        let mine = format!("{{\"queryId\":\"{}\"}}", query.query_id);
+        let mine = owner_bytes(query.query_id);
         if names.iter().any(|n| n == OWNER) {
             let theirs = self.dir.get(OWNER).await?.unwrap_or_default();
-            if theirs != mine.as_bytes() {
-                return Err(self
-                    .sink_err(
-                        0,
-                        format!(
-                            "the folder belongs to another query ({} holds {}, this query's id is \
-                             {}): a new checkpoint would overwrite its batch files. Give this \
-                             query its own folder, or remove the old files and {OWNER} if you \
-                             mean to start over",
-                            self.dir.describe(OWNER),
-                            String::from_utf8_lossy(&theirs).trim(),
-                            query.query_id
-                        ),
-                    )
-                    .into());
+            if theirs != mine {
+                return Err(self.owned_by_another(0, &theirs, query.query_id).into());
             }
             return Ok(());
         }
