@@ -31,21 +31,13 @@ pub fn partition_of(key: &[u8], partitions: u32) -> usize {
     if partitions <= 1 {
         return 0;
     }
-    let mut h = fnv1a(key);
+    let mut h = crate::storage::fnv1a(key);
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
     h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     h ^= h >> 33;
     (h % u64::from(partitions)) as usize
-}
-
-/// FNV-1a (64 bits) of `bytes`: the first step of weir's hashes kept in the checkpoint
-/// (a key's partition, the earlier sketches' registers).
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// Checks a `state-partitions` setting: at least 1, at most [`MAX_PARTITIONS`].

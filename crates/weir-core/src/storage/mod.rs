@@ -63,7 +63,7 @@ use crate::error::{Error, Result};
 pub use durable_store::DurableLocalStore;
 /// Where [`Location::list_new_names`] left off.
 pub use followed::Cursor as ListingCursor;
-pub(crate) use names::temp_target;
+pub(crate) use names::{fnv1a, temp_target};
 pub use names::{is_hidden, percent_decode, percent_encode};
 pub use options::StorageOptions;
 pub use remote::object_store_for;
@@ -436,42 +436,37 @@ impl Location {
             Backend::Local(p) => {
                 let p = p.clone();
                 blocking(move || {
-                    let mut at = p.as_path();
-                    loop {
-                        match std::fs::metadata(at) {
-                            Ok(m) if m.is_dir() && at == p => {
-                                let files = std::fs::read_dir(at)
-                                    .map_err(|e| Error::io("listing", at, e))?
-                                    .next()
-                                    .is_some();
-                                return Ok(if files {
-                                    "a folder, not empty".to_string()
-                                } else {
-                                    "an empty folder".to_string()
-                                });
-                            }
-                            Ok(m) if m.is_dir() => {
-                                return Ok(format!(
-                                    "does not exist yet; {} is where it would be made",
-                                    at.display()
-                                ));
-                            }
-                            Ok(_) => {
-                                return Err(Error::io(
-                                    "looking at (a file, not a folder)",
-                                    at,
-                                    std::io::Error::from(std::io::ErrorKind::NotADirectory),
-                                ));
-                            }
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                                match at.parent() {
-                                    Some(up) => at = up,
-                                    None => return Err(Error::io("looking at", at, e)),
-                                }
-                            }
-                            Err(e) => return Err(Error::io("looking at", at, e)),
-                        }
+                    // The folder, or the nearest one above it that exists.
+                    let missing = local::topmost_missing(&p)?;
+                    let at = match &missing {
+                        Some(top) => top.parent().unwrap_or(top),
+                        None => p.as_path(),
+                    };
+                    if !std::fs::metadata(at)
+                        .map_err(|e| Error::io("looking at", at, e))?
+                        .is_dir()
+                    {
+                        return Err(Error::io(
+                            "looking at (a file, not a folder)",
+                            at,
+                            std::io::Error::from(std::io::ErrorKind::NotADirectory),
+                        ));
                     }
+                    if missing.is_some() {
+                        return Ok(format!(
+                            "does not exist yet; {} is where it would be made",
+                            at.display()
+                        ));
+                    }
+                    let files = std::fs::read_dir(at)
+                        .map_err(|e| Error::io("listing", at, e))?
+                        .next()
+                        .is_some();
+                    Ok(if files {
+                        "a folder, not empty".to_string()
+                    } else {
+                        "an empty folder".to_string()
+                    })
                 })
                 .await
             }

@@ -61,3 +61,12 @@ pub(crate) fn temp_target(temp: &str) -> Option<&str> {
         .rsplit_once('.')?;
     (id.len() == 32 && id.bytes().all(|c| c.is_ascii_hexdigit())).then_some(target)
 }
+
+/// FNV-1a (64 bits) of `bytes`: the same in every process and version, so it may name
+/// files and place data that outlive a process (a key's state partition, the earlier
+/// sketches' registers, a dead letter's file name).
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}

@@ -177,3 +177,9 @@ async fn an_unreachable_object_store_is_a_transient_error() {
     let err = local.put("f", Bytes::from_static(b"x")).await.unwrap_err();
     assert!(!crate::error::is_transient(&err), "{err:?}");
 }
+
+/// The stable hash that names files and places keys gives FNV-1a's reference value.
+#[test]
+fn fnv1a_gives_the_reference_value() {
+    assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+}

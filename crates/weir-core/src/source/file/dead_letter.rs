@@ -81,7 +81,10 @@ pub(super) async fn write(
     batch_id: u64,
     rows: RecordBatch,
 ) -> Result<()> {
-    let file = format!("part-{batch_id:05}-{:016x}.parquet", fnv1a(name.as_bytes()));
+    let file = format!(
+        "part-{batch_id:05}-{:016x}.parquet",
+        crate::storage::fnv1a(name.as_bytes())
+    );
     let what = || dead.describe(&file);
     let mut out = Vec::new();
     let mut w =
@@ -97,13 +100,6 @@ pub(super) async fn write(
     // Already there: an earlier run of this batch wrote the same lines.
     dead.put_new(&file, Bytes::from(out)).await?;
     Ok(())
-}
-
-/// FNV-1a, 64 bits: a name's stable hash (the same in every process and version).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
@@ -138,6 +134,5 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

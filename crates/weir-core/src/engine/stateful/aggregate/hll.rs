@@ -248,7 +248,7 @@ fn xxh64(input: &[u8], seed: u64) -> u64 {
 
 /// FNV-1a, then SplitMix64's finalizer: [`Sketch::Legacy`]'s hash.
 fn legacy_hash(bytes: &[u8]) -> u64 {
-    let mut h = crate::state::partitioned::fnv1a(bytes);
+    let mut h = crate::storage::fnv1a(bytes);
     h ^= h >> 30;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h ^= h >> 27;
