@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use tokio_postgres::NoTls;
 use weir_core::connector::{
     BuildEnv, QueryIdentity, Relocation, SinkConnector, SinkHarness, SinkShape, SinkSpec,
     SinkVerifier, Verdict, secret,
@@ -128,16 +127,13 @@ impl SinkSpec for PostgresUpsertConfig {
             what: what.clone(),
             source: e,
         };
-        let (client, conn) = tokio::time::timeout(
+        let client = tokio::time::timeout(
             std::time::Duration::from_secs(10),
-            tokio_postgres::connect(&url, NoTls),
+            crate::ledger::connect(&url),
         )
         .await
         .map_err(|_| unreachable("no answer to the connection in 10 s".into()))?
         .map_err(|e| unreachable(e.into()))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
         let version: String = client
             .query_one("SHOW server_version", &[])
             .await
@@ -248,13 +244,9 @@ pub struct PostgresReader {
 
 impl PostgresReader {
     async fn client(&self) -> Result<tokio_postgres::Client> {
-        let (client, conn) = tokio_postgres::connect(&self.url, NoTls)
+        crate::ledger::connect(&self.url)
             .await
-            .map_err(|e| Error::from_source(format!("postgres {}", self.config.table), e))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(client)
+            .map_err(|e| Error::from_source(format!("postgres {}", self.config.table), e))
     }
 
     fn err(&self, e: tokio_postgres::Error) -> Error {

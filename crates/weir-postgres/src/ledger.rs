@@ -9,6 +9,18 @@ use weir_core::{BatchContext, BoxError};
 use crate::error::PostgresSinkError;
 use crate::quote_ident;
 
+/// A client of the server at `url`, its connection driven on a task of its own (which
+/// ends when the client is dropped; how it ended is logged at debug level).
+pub(crate) async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!("PostgreSQL connection ended: {e}");
+        }
+    });
+    Ok(client)
+}
+
 /// A connection that reconnects when the server dropped it.
 pub(crate) struct Conn {
     url: String,
@@ -36,12 +48,7 @@ impl Conn {
     ) -> Result<tokio::sync::OwnedMutexGuard<Option<Client>>, tokio_postgres::Error> {
         let mut guard = self.client.clone().lock_owned().await;
         if guard.as_ref().is_none_or(Client::is_closed) {
-            let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!("PostgreSQL connection ended: {e}");
-                }
-            });
+            let client = connect(&self.url).await?;
             // Timestamps are UTC instants: a `timestamp` column gets UTC wall time, never
             // the server's local time.
             client.batch_execute("SET TIME ZONE 'UTC'").await?;

@@ -35,8 +35,8 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use tokio_postgres::Client;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls};
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::common::{DataFusionError, Result as DfResult};
 use weir_core::datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -297,14 +297,9 @@ async fn open_copy(
             source,
         }
     };
-    let (client, connection) = tokio_postgres::connect(&write.url, NoTls)
+    let client = crate::ledger::connect(&write.url)
         .await
         .map_err(db("connecting (from a task on a worker)"))?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!("PostgreSQL connection of a staging task ended: {e}");
-        }
-    });
     let sql = format!(
         "COPY {} ({}, {}) FROM STDIN (FORMAT binary)",
         quote_ident(&write.staging),
