@@ -490,7 +490,7 @@ impl Chunk {
                     _ => m,
                 }
             })
-            .and_then(|d| tombstone::apply(d.batch, &self.tombs, &keys, schema, o, mode));
+            .and_then(|d| tombstone::apply(d.batch, &self.tombs, &keys, o, mode));
         let (batch, skipped) = match batch {
             Ok((b, n)) => (Ok(b), n),
             Err(m) => (Err(m), 0),

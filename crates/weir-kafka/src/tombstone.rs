@@ -10,7 +10,7 @@ use std::sync::Arc;
 use weir_core::datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatchOptions, StringArray, new_null_array,
 };
-use weir_core::datafusion::arrow::compute::{filter_record_batch, interleave};
+use weir_core::datafusion::arrow::compute::{concat_batches, filter_record_batch, interleave};
 use weir_core::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use weir_core::datafusion::arrow::record_batch::RecordBatch;
 use weir_core::sink::upsert::DELETED;
@@ -79,14 +79,14 @@ pub(crate) fn schema(base: SchemaRef, t: Tombstones) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// The tombstones' keys, checked: for each tombstone (in order) its key row's JSON line, or
-/// why it cannot be a delete (not a JSON object, or a value its column cannot hold). Only
-/// for `Tombstones::Delete`.
+/// The tombstones' keys, decoded: for each tombstone (in order) its key's row, or why it
+/// cannot be a delete (not a JSON object, or a value its column cannot hold). Only for
+/// `Tombstones::Delete`.
 pub(crate) fn check_keys(
     tombs: &[Tomb],
     asked: &SchemaRef,
     o: &KafkaOptions,
-) -> Vec<std::result::Result<Vec<u8>, Malformed>> {
+) -> Vec<std::result::Result<RecordBatch, Malformed>> {
     if o.tombstones != Tombstones::Delete {
         return Vec::new();
     }
@@ -95,7 +95,7 @@ pub(crate) fn check_keys(
         .map(|t| {
             let line = key_line(t, o.tombstone_timestamp.as_deref())?;
             decode::json_each(asked, &[Some(line.as_slice())], BadRecordMode::FailFast)
-                .map(|_| line)
+                .map(|d| d.batch)
                 .map_err(|m| Malformed {
                     index: t.index,
                     reason: format!("the tombstone's key: {}", m.reason),
@@ -104,16 +104,15 @@ pub(crate) fn check_keys(
         .collect()
 }
 
-/// Applies `o.tombstones` to `batch`, a chunk's decoded rows (`asked`: the values' schema;
-/// `keys`: [`check_keys`]' answer). A tombstone whose key cannot be a delete is a bad record
+/// Applies `o.tombstones` to `batch`, a chunk's decoded rows (`keys`: [`check_keys`]'
+/// answer). A tombstone whose key cannot be a delete is a bad record
 /// under `mode`: under FAILFAST the caller reported it already; DROPMALFORMED drops its row,
 /// PERMISSIVE keeps it as a row of NULLs (not a delete) with the key in `_corrupt_record`.
 /// The rows, and the tombstones dropped.
 pub(crate) fn apply(
     batch: RecordBatch,
     tombs: &[Tomb],
-    keys: &[std::result::Result<Vec<u8>, Malformed>],
-    asked: &SchemaRef,
+    keys: &[std::result::Result<RecordBatch, Malformed>],
     o: &KafkaOptions,
     mode: BadRecordMode,
 ) -> std::result::Result<(RecordBatch, u64), Malformed> {
@@ -141,16 +140,16 @@ pub(crate) fn apply(
             let n = batch.num_rows();
             let mut deleted = vec![false; n];
             let mut keep = vec![true; n];
-            // The good keys' lines, and which tombstone each is.
-            let mut lines: Vec<&[u8]> = Vec::new();
+            // The good keys' rows, and which tombstone each is.
+            let mut key_rows: Vec<&RecordBatch> = Vec::new();
             let mut which: Vec<(usize, usize)> = (0..n).map(|i| (0, i)).collect();
             let mut corrupt: Vec<Option<String>> = vec![None; n];
             for (t, k) in tombs.iter().zip(keys) {
                 match k {
-                    Ok(line) => {
-                        which[t.index] = (1, lines.len());
+                    Ok(row) => {
+                        which[t.index] = (1, key_rows.len());
                         deleted[t.index] = true;
-                        lines.push(line);
+                        key_rows.push(row);
                     }
                     Err(_) if mode == BadRecordMode::DropMalformed => keep[t.index] = false,
                     Err(_) => {
@@ -161,18 +160,16 @@ pub(crate) fn apply(
                     }
                 }
             }
-            let mut columns = if lines.is_empty() {
+            let mut columns = if key_rows.is_empty() {
                 batch.columns().to_vec()
             } else {
-                let records: Vec<Option<&[u8]>> = lines.iter().map(|l| Some(*l)).collect();
-                let rows = decode::json_each(asked, &records, BadRecordMode::FailFast)
-                    .map_err(|m| internal(m.reason))?
-                    .batch;
+                let rows = concat_batches(&key_rows[0].schema(), key_rows.iter().copied())
+                    .map_err(|e| internal(e.to_string()))?;
                 let mut out: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
                 for (c, f) in batch.schema().fields().iter().enumerate() {
                     let from_key = match rows.schema().index_of(f.name()) {
                         Ok(k) => rows.column(k).clone(),
-                        Err(_) => new_null_array(f.data_type(), lines.len()),
+                        Err(_) => new_null_array(f.data_type(), key_rows.len()),
                     };
                     let sources: [&dyn Array; 2] = [batch.column(c).as_ref(), from_key.as_ref()];
                     out.push(interleave(&sources, &which).map_err(|e| internal(e.to_string()))?);
