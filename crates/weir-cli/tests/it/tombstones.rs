@@ -21,6 +21,21 @@ fn at(ms: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
+/// A new topic of 3 partitions named from `prefix` on the test broker, and a producer:
+/// the broker's address, the topic and the producer.
+async fn new_topic(prefix: &str) -> (String, String, FutureProducer) {
+    let bootstrap = weir_testkit::kafka().bootstrap.clone();
+    let topic = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    weir_kafka::create_topic(&bootstrap, &topic, 3)
+        .await
+        .unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    (bootstrap, topic, producer)
+}
+
 async fn send(p: &FutureProducer, topic: &str, id: i64, value: Option<(&str, i64)>, ts: i64) {
     let key = format!("{{\"order_id\":{id}}}");
     let body = value.map(|(status, updated)| {
@@ -44,15 +59,7 @@ async fn send(p: &FutureProducer, topic: &str, id: i64, value: Option<(&str, i64
 
 #[tokio::test]
 async fn tombstones_delete_their_keys_in_delta_merge_and_postgres_through_kills() {
-    let bootstrap = weir_testkit::kafka().bootstrap.clone();
-    let topic = format!("tomb_{}", uuid::Uuid::new_v4().simple());
-    weir_kafka::create_topic(&bootstrap, &topic, 3)
-        .await
-        .unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()
-        .unwrap();
+    let (bootstrap, topic, producer) = new_topic("tomb").await;
     // Upserts of 0..30 at t0 + id s; tombstones of 0..10 and 20 half an hour later; 25's
     // tombstone at exactly its upsert's time (a delete wins a tie); 5..8 come back at 40
     // minutes; 12 gets a tombstone older than its upsert (which therefore stays).
@@ -162,15 +169,7 @@ async fn tombstones_delete_their_keys_in_delta_merge_and_postgres_through_kills(
 /// under FAILFAST, naming the record.
 #[tokio::test]
 async fn tombstones_are_skipped_and_counted_kept_as_null_rows_or_refused_without_a_key_object() {
-    let bootstrap = weir_testkit::kafka().bootstrap.clone();
-    let topic = format!("tomb_modes_{}", uuid::Uuid::new_v4().simple());
-    weir_kafka::create_topic(&bootstrap, &topic, 3)
-        .await
-        .unwrap();
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()
-        .unwrap();
+    let (bootstrap, topic, producer) = new_topic("tomb_modes").await;
     let t0 = an_hour_ago();
     for id in 0..6 {
         send(&producer, &topic, id, Some(("new", t0)), t0).await;
