@@ -235,7 +235,7 @@ fn main() -> ExitCode {
             // The batch it is about, as a field of its own in JSON.
             let batch = e
                 .chain()
-                .find_map(|c| c.downcast_ref::<weir_core::Error>()?.batch_id());
+                .find_map(|c| weir_core::error::as_engine_error(c)?.batch_id());
             notice("ERROR", &format!("error: {e}"), &causes, batch);
             ExitCode::FAILURE
         }

@@ -441,6 +441,15 @@ impl Transient {
     }
 }
 
+/// `e` as an engine [`Error`], also when it is one held in a `Box` or an `Arc`: that is
+/// what the `source()` of `Error::Batch` and `Error::QueryTerminated` gives, so a walk down
+/// a chain that only downcast to `Error` would step over their causes.
+pub fn as_engine_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Error> {
+    e.downcast_ref::<Error>()
+        .or_else(|| e.downcast_ref::<Box<Error>>().map(|b| b.as_ref()))
+        .or_else(|| e.downcast_ref::<Arc<Error>>().map(|a| a.as_ref()))
+}
+
 /// Whether `e`, or an error it was caused by, is one that running the batch again later
 /// may not meet: a [`Transient`], or an I/O error of a refused, reset or cut connection,
 /// an unreachable network or a timeout (the errors connectors hand on from the network,
@@ -450,11 +459,7 @@ pub fn is_transient(e: &(dyn std::error::Error + 'static)) -> bool {
     use std::io::ErrorKind::*;
     let mut cur = Some(e);
     while let Some(err) = cur {
-        // `Error::Batch` holds its cause as a `Box<Error>`, which is what its `source()`
-        // gives: look through the box too.
-        let engine = err
-            .downcast_ref::<Error>()
-            .or_else(|| err.downcast_ref::<Box<Error>>().map(|b| b.as_ref()));
+        let engine = as_engine_error(err);
         if err.downcast_ref::<Transient>().is_some()
             || matches!(
                 engine,
