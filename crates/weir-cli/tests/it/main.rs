@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bad_records;
 mod chaos;
 mod cluster;
 mod cluster_delta;
@@ -15,6 +16,7 @@ mod monitor;
 mod outages;
 mod signals;
 mod spark;
+mod startup;
 mod storage;
 mod tombstones;
 
