@@ -12,7 +12,7 @@ use weir_core::datafusion::logical_expr::{Operator, binary_expr};
 use weir_core::datafusion::prelude::{DataFrame, Expr, SessionContext, lit};
 use weir_core::sink::PlanRunner;
 use weir_core::sink::upsert::{
-    DELETED, apply_null_rules, newest_on_workers, order_columns, stored_columns,
+    DELETED, apply_null_rules, newest_on_workers, order_columns, quote, stored_columns,
 };
 use weir_core::storage::Location;
 use weir_core::{
@@ -358,7 +358,7 @@ impl DeltaMerge {
                     let u = match (&self.update_condition, deletes) {
                         (Some(sql), false) => u.predicate(sql.clone()),
                         (Some(sql), true) => {
-                            u.predicate(format!("s.{} IS NOT TRUE AND ({sql})", quote_sql(DELETED)))
+                            u.predicate(format!("s.{} IS NOT TRUE AND ({sql})", quote(DELETED)))
                         }
                         (None, false) => u.predicate(guard.clone()),
                         (None, true) => u.predicate(upsert.clone().and(guard.clone())),
@@ -526,11 +526,6 @@ fn without_deletes(
         out.push(filter_record_batch(&b.project(&keep)?, &upserts)?);
     }
     Ok((out, stored))
-}
-
-/// `"name"`, for SQL text.
-fn quote_sql(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 pub(crate) fn newer(columns: &[String]) -> Expr {

@@ -164,7 +164,8 @@ fn check_columns(names: &[String], keys: &[String], ordering: &str, what: &str) 
     Ok(())
 }
 
-/// `col` parses dots and case; a quoted identifier is taken as it is.
-pub(crate) fn quote(name: &str) -> String {
+/// `name` as a quoted SQL identifier (`col` parses dots and case; a quoted identifier is
+/// taken as it is).
+pub fn quote(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
