@@ -5,6 +5,7 @@
 //! range, so a source must return the same rows for the same range, today and after a
 //! crash. Kafka and files can; a socket cannot, and is not a source here.
 
+pub mod dead_letter;
 pub mod decode;
 pub mod file;
 pub mod flat_json;
@@ -89,7 +90,8 @@ pub struct SourceInit {
 /// A replayable source of rows.
 ///
 /// Call order for one query: `open` once; then per batch `latest_offset`, (the engine writes
-/// `offsets/N`), `read_range`, (the function runs, the engine writes `commits/N`), `commit`.
+/// `offsets/N`), `read_range`, (the function runs), `before_commit`, (the engine writes
+/// `commits/N`), `commit`.
 /// After a crash the engine calls `read_range` again with the range recorded in
 /// `offsets/N`, which must return the same rows.
 #[async_trait]
@@ -158,6 +160,20 @@ pub trait Source: Send + Sync {
     /// `maxOffsetsBehindLatest`), as of the last `latest_offset`.
     fn metrics(&self) -> std::collections::BTreeMap<String, String> {
         std::collections::BTreeMap::new()
+    }
+
+    /// Batch `batch_id`, the range `(start, end]`, ran: its function and state succeeded,
+    /// and `commits/N` is next. A source writes here what its read of the range owes
+    /// outside the rows (the Kafka source's dead letter). A replay of the batch calls it
+    /// again with the same id and range: the second write must leave one copy. May run
+    /// while the next batch is read ahead. An error fails the batch (it runs again).
+    async fn before_commit(
+        &self,
+        _batch_id: u64,
+        _start: Option<&SourceOffset>,
+        _end: &SourceOffset,
+    ) -> Result<()> {
+        Ok(())
     }
 
     /// Batch up to `end` is committed: the source may forget what lies before it. Errors

@@ -109,6 +109,19 @@ impl Source for WithSourceTimeout {
         self.inner.metrics()
     }
 
+    async fn before_commit(
+        &self,
+        batch_id: u64,
+        start: Option<&SourceOffset>,
+        end: &SourceOffset,
+    ) -> Result<()> {
+        self.limited(
+            "writing the batch's dead letter",
+            self.inner.before_commit(batch_id, start, end),
+        )
+        .await
+    }
+
     async fn commit(&self, end: &SourceOffset) -> Result<()> {
         self.limited("committing", self.inner.commit(end)).await
     }

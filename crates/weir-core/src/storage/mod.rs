@@ -63,8 +63,9 @@ use crate::error::{Error, Result};
 pub use durable_store::DurableLocalStore;
 /// Where [`Location::list_new_names`] left off.
 pub use followed::Cursor as ListingCursor;
-pub(crate) use names::{fnv1a, temp_target};
-pub use names::{is_hidden, percent_decode, percent_encode};
+pub(crate) use names::temp_target;
+pub use names::{fnv1a, is_hidden, percent_decode, percent_encode};
+
 pub use options::StorageOptions;
 pub use remote::object_store_for;
 pub use write::StagedWrite;

@@ -64,8 +64,8 @@ pub(crate) fn temp_target(temp: &str) -> Option<&str> {
 
 /// FNV-1a (64 bits) of `bytes`: the same in every process and version, so it may name
 /// files and place data that outlive a process (a key's state partition, the earlier
-/// sketches' registers, a dead letter's file name).
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+/// sketches' registers, a dead letter's file name, the Kafka source's record marks).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })

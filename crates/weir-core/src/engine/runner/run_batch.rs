@@ -135,6 +135,13 @@ impl Runner {
             .steps
             .commit(id, self.in_batch(id, "committing the state"))
             .await?;
+
+        // The source's writes for the batch (a dead letter), before `commits/N`.
+        self.spec
+            .source
+            .before_commit(id, start, &p.end)
+            .await
+            .map_err(self.in_batch(id, "writing the source's dead letter"))?;
         durations.since(Phase::AddBatch, t);
 
         let t = Instant::now();

@@ -29,7 +29,6 @@
 //! Every 10th log entry is written as `<N>.compact` holding the entries still needed: the
 //! remembered files and the batches within retention.
 
-mod dead_letter;
 mod leaf;
 mod log;
 mod options;

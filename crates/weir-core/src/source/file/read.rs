@@ -8,6 +8,7 @@ use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::{FileEntry, FileFormat};
 use crate::error::{Error, Result};
+use crate::source::dead_letter;
 use crate::source::decode::{self, BadRecordMode, Decoded};
 use crate::storage::{FileMeta, Location, blocking};
 
@@ -73,20 +74,17 @@ pub(super) async fn read_entry(
     }
     let (format, schema) = (format.clone(), schema.clone());
     if let Some(dead) = dead {
-        let batch_id = e.batch_id;
         let (d, letters) = blocking(move || {
             let d = decode_file(bytes.clone(), &shown, &format, &schema, mode)?;
             let letters = if d.malformed > 0 {
-                super::dead_letter::letters(&bytes, &shown, &schema, batch_id)?
+                dead_letter::json_file_letters(&bytes, &shown, &schema)
             } else {
-                None
+                Vec::new()
             };
             Ok((d, letters))
         })
         .await?;
-        if let Some(letters) = letters {
-            super::dead_letter::write(dead, &name, batch_id, letters).await?;
-        }
+        dead_letter::write(dead, Some(&name), e.batch_id, &letters).await?;
         return Ok((d.batch, d.malformed));
     }
     let d = blocking(move || decode_file(bytes, &shown, &format, &schema, mode)).await?;
