@@ -39,6 +39,7 @@ pub enum ValueFormatName {
 /// schema = ["order_id bigint", "updated_at timestamp"]
 /// mode = "FAILFAST"                   # PERMISSIVE | DROPMALFORMED
 /// commit-to-group = "orders-weir"     # also commit each batch's end offsets there (for lag tools)
+/// dead-letter = "dead/orders"         # bad records (with topic, partition, offset, error) go here
 /// [source.kafka]                      # librdkafka settings; env:NAME reads a secret
 /// "security.protocol" = "SASL_SSL"
 /// "sasl.password" = "env:KAFKA_PASSWORD"
@@ -81,11 +82,15 @@ pub struct KafkaConfig {
     /// With tombstones = "delete": the column that gets the tombstone's Kafka timestamp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tombstone_timestamp: Option<String>,
+    /// A folder for bad records (JSON values), written once per batch before its commit;
+    /// sets mode to DROPMALFORMED.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<String>,
 }
 
 impl KafkaConfig {
     /// The source's options, checked (secrets read from the environment).
-    pub fn options(&self) -> Result<KafkaOptions> {
+    pub fn options(&self, env: &BuildEnv) -> Result<KafkaOptions> {
         let mut o = KafkaOptions::new(&self.bootstrap_servers, self.subscribe.clone());
         match (self.subscribe.is_empty(), &self.subscribe_pattern) {
             (true, Some(p)) => o.subscribe = Subscribe::Pattern(p.clone()),
@@ -138,12 +143,32 @@ impl KafkaConfig {
                         "applies to value-format = \"raw\"",
                     ));
                 }
+                let mode = match (&self.dead_letter, self.mode) {
+                    (Some(_), None) => BadRecordMode::DropMalformed,
+                    (Some(_), Some(m)) if m != BadRecordMode::DropMalformed => {
+                        return Err(Error::config(
+                            "source.mode",
+                            "with dead-letter, bad records go to the dead letter and leave the \
+                             batch: leave mode unset (or DROPMALFORMED)",
+                        ));
+                    }
+                    (_, m) => m.unwrap_or_default(),
+                };
                 ValueFormat::Json {
                     schema: schema.schema(),
-                    mode: self.mode.unwrap_or_default(),
+                    mode,
                 }
             }
         };
+        if let Some(d) = &self.dead_letter {
+            if matches!(o.value_format, ValueFormat::Raw) {
+                return Err(Error::config(
+                    "source.dead-letter",
+                    "applies to value-format = \"json\" (raw rows are never bad)",
+                ));
+            }
+            o.dead_letter = Some(env.location("source.dead-letter", d)?);
+        }
         o.tombstones = self.tombstones.unwrap_or_default();
         o.tombstone_timestamp = self.tombstone_timestamp.clone();
         crate::tombstone::check(&o)?;
@@ -153,18 +178,18 @@ impl KafkaConfig {
 
 #[async_trait]
 impl SourceSpec for KafkaConfig {
-    fn check(&self, _env: &BuildEnv) -> Result<()> {
+    fn check(&self, env: &BuildEnv) -> Result<()> {
         self.read_limit()?;
-        KafkaSource::new(self.options()?).map(|_| ())
+        KafkaSource::new(self.options(env)?).map(|_| ())
     }
 
-    async fn build(&self, _env: &BuildEnv) -> Result<Arc<dyn Source>> {
-        Ok(Arc::new(KafkaSource::new(self.options()?)?))
+    async fn build(&self, env: &BuildEnv) -> Result<Arc<dyn Source>> {
+        Ok(Arc::new(KafkaSource::new(self.options(env)?)?))
     }
 
     /// Asks the brokers for the subscribed topics' partitions (30 s at most).
-    async fn probe(&self, _env: &BuildEnv) -> Result<String> {
-        let o = self.options()?;
+    async fn probe(&self, env: &BuildEnv) -> Result<String> {
+        let o = self.options(env)?;
         let what = format!("Kafka brokers {}", o.bootstrap_servers);
         let found = tokio::task::spawn_blocking(move || {
             let c = crate::client::consumer(&o)?;
@@ -189,9 +214,9 @@ impl SourceSpec for KafkaConfig {
         Ok(format!("{what}: {}", listed.join(", ")))
     }
 
-    fn schema(&self, _env: &BuildEnv) -> Result<Option<SchemaRef>> {
+    fn schema(&self, env: &BuildEnv) -> Result<Option<SchemaRef>> {
         // Making the source connects to nothing (its consumer is made at first use).
-        Ok(Some(KafkaSource::new(self.options()?)?.schema()))
+        Ok(Some(KafkaSource::new(self.options(env)?)?.schema()))
     }
 
     fn read_limit(&self) -> Result<ReadLimit> {
@@ -230,8 +255,9 @@ impl SourceSpec for KafkaConfig {
             ..ReadLimit::ALL
         })
     }
+    /// Not with a dead letter: the workers' reads do not write one.
     fn reads_on_workers(&self) -> bool {
-        true
+        self.dead_letter.is_none()
     }
 }
 

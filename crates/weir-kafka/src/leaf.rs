@@ -357,8 +357,9 @@ impl ExecutionPlan for KafkaRangeExec {
                     [(r.topic.clone(), [(r.partition, r.from)].into())].into();
                 let end: PartitionOffsets =
                     [(r.topic.clone(), [(r.partition, r.to)].into())].into();
-                let (batches, _skipped) =
-                    read::read(&consumer, &opts, &begin, &end).map_err(failed)?;
+                let read::Read { batches, .. } =
+                    read::read(&consumer, &opts, &begin, &end, &Default::default())
+                        .map_err(failed)?;
                 for batch in batches {
                     let batch = match &projection {
                         Some(p) => batch.project(p)?,

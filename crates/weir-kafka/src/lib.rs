@@ -8,6 +8,10 @@
 //! `<checkpoint>/sources/0/0` before it runs, as Spark does, so a replay of batch 0 does not
 //! depend on where `earliest` or `latest` has moved since.
 //!
+//! A topic deleted and made again is told from the one read by the records themselves
+//! (see `marks`): the read of a batch starts one record early and compares that record with
+//! what an earlier batch read there.
+//!
 //! On a cluster (`[cluster]`) each batch's ranges are read on the workers, each task its
 //! share of the partitions straight from the brokers (`KafkaRangeExec`).
 //!
@@ -19,6 +23,7 @@ mod client;
 mod config;
 mod error;
 mod leaf;
+mod marks;
 mod offsets;
 mod options;
 mod read;

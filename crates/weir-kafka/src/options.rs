@@ -149,6 +149,10 @@ pub struct KafkaOptions {
     /// With [`Tombstones::Delete`]: the column that gets the tombstone's Kafka timestamp,
     /// so the delete is ordered like any other change (name the sinks' ordering column).
     pub tombstone_timestamp: Option<String>,
+    /// Where bad records go (`dead-letter`, JSON values under DROPMALFORMED): each with its
+    /// topic, partition, offset, error and batch id, one Parquet file per batch, written
+    /// once before the batch's commit. Not on a cluster (the workers' reads write none).
+    pub dead_letter: Option<weir_core::storage::Location>,
 }
 
 impl KafkaOptions {
@@ -170,6 +174,7 @@ impl KafkaOptions {
             commit_to_group: None,
             tombstones: Tombstones::Row,
             tombstone_timestamp: None,
+            dead_letter: None,
         }
     }
 }

@@ -10,6 +10,7 @@ use rdkafka::consumer::BaseConsumer;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
 use weir_core::logfile::{parse_line, parse_versioned, render};
+use weir_core::source::dead_letter::{self, Letter};
 use weir_core::source::leaf::{ScanTable, scans_on_cluster};
 use weir_core::source::{SourceInit, decode};
 use weir_core::storage::{Location, WriteOutcome};
@@ -18,6 +19,7 @@ use weir_core::{Error, ReadLimit, Result, Source, SourceOffset};
 use crate::client::{self, consumer, partitions, watermarks, with_client};
 use crate::error::KafkaSourceError;
 use crate::leaf::{KafkaRangeExec, KafkaScan};
+use crate::marks::Marks;
 use crate::offsets::{self, check_loss, split_limit, wait_for_more};
 use crate::options::{KafkaOptions, StartingOffsets, Subscribe, ValueFormat};
 use crate::{PartitionOffsets, read};
@@ -44,7 +46,19 @@ pub struct KafkaSource {
     latest: Mutex<Option<SourceOffset>>,
     /// Tombstones dropped by the last read (`tombstones = "skip"`), for progress.
     skipped: Mutex<Option<u64>>,
+    /// With a dead letter: the bad records of the ranges read and not yet committed, by
+    /// range (the batch's and the one read ahead), written at `before_commit`.
+    letters: Mutex<Vec<(Range, Vec<Letter>)>>,
+    /// The last records read in each partition, to tell a topic made again (see
+    /// [`crate::marks`]); kept in `sources/0/marks` before each commit.
+    marks: Mutex<Marks>,
 }
+
+/// The source log's file of [`Marks`].
+const MARKS: &str = "marks";
+
+/// A batch's range as its start and end offsets' JSON.
+type Range = (Option<serde_json::Value>, serde_json::Value);
 
 impl std::fmt::Debug for KafkaSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -84,6 +98,8 @@ impl KafkaSource {
             last_end: Mutex::new(None),
             latest: Mutex::new(None),
             skipped: Mutex::new(None),
+            letters: Mutex::new(Vec::new()),
+            marks: Mutex::new(Marks::default()),
         })
     }
 
@@ -252,11 +268,22 @@ impl Source for KafkaSource {
     }
 
     fn reads_on_workers(&self) -> bool {
-        true
+        self.opts.dead_letter.is_none()
     }
 
     async fn open(&self, init: &SourceInit) -> Result<()> {
         *self.log.lock().map_err(|_| self.poisoned())? = Some(init.log.clone());
+        self.letters.lock().map_err(|_| self.poisoned())?.clear();
+        let marks = match init.log.get(MARKS).await? {
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                self.err(KafkaSourceError::Invalid {
+                    what: init.log.describe(MARKS),
+                    reason: format!("not the marks weir writes: {e}"),
+                })
+            })?,
+            None => Marks::default(),
+        };
+        *self.marks.lock().map_err(|_| self.poisoned())? = marks;
         Ok(())
     }
 
@@ -378,6 +405,7 @@ impl Source for KafkaSource {
         start: Option<&SourceOffset>,
         end: &SourceOffset,
     ) -> Result<DataFrame> {
+        let range: Range = (start.map(|s| s.json().clone()), end.json().clone());
         let begin = self.start_of(start).await?;
         let end = offsets::parse(end.json()).map_err(|e| self.err(e))?;
         if scans_on_cluster(ctx) {
@@ -398,9 +426,30 @@ impl Source for KafkaSource {
                 .read_table(Arc::new(ScanTable::new(Arc::new(exec))))
                 .map_err(planning);
         }
-        let (batches, skipped) = self
-            .with_reader(move |c, o| read::read(c, o, &begin, &end))
+        let marks = self.marks.lock().map_err(|_| self.poisoned())?.clone();
+        let read::Read {
+            batches,
+            skipped,
+            letters,
+            marks: last,
+        } = self
+            .with_reader(move |c, o| read::read(c, o, &begin, &end, &marks))
             .await?;
+        {
+            let mut marks = self.marks.lock().map_err(|_| self.poisoned())?;
+            for (t, p, m) in last {
+                marks.add(&t, p, m);
+            }
+        }
+        if self.opts.dead_letter.is_some() {
+            let mut kept = self.letters.lock().map_err(|_| self.poisoned())?;
+            kept.retain(|(r, _)| *r != range);
+            // The batch running and the one read ahead; anything older was abandoned.
+            while kept.len() >= 2 {
+                kept.remove(0);
+            }
+            kept.push((range, letters));
+        }
         if self.opts.tombstones == crate::options::Tombstones::Skip
             && let Ok(mut s) = self.skipped.lock()
         {
@@ -408,6 +457,48 @@ impl Source for KafkaSource {
         }
         ctx.read_batches(batches)
             .map_err(|e| Error::datafusion(format!("{}: holding the batch", self.description()), e))
+    }
+
+    /// Keeps the marks of the records read (`sources/0/marks`), and writes the bad records
+    /// of the batch's range to the dead letter, once: the file's name is fixed by the batch
+    /// id and the write is put-if-absent (a replay reads the same range again, and finds
+    /// the file written).
+    async fn before_commit(
+        &self,
+        batch_id: u64,
+        start: Option<&SourceOffset>,
+        end: &SourceOffset,
+    ) -> Result<()> {
+        let marks = self.marks.lock().map_err(|_| self.poisoned())?.clone();
+        if !marks.is_empty() {
+            let log = self.log.lock().map_err(|_| self.poisoned())?.clone();
+            if let Some(log) = log {
+                let body = serde_json::to_vec(&marks).map_err(|e| {
+                    self.err(KafkaSourceError::Invalid {
+                        what: log.describe(MARKS),
+                        reason: e.to_string(),
+                    })
+                })?;
+                log.put(MARKS, Bytes::from(body)).await?;
+            }
+        }
+        let Some(dead) = &self.opts.dead_letter else {
+            return Ok(());
+        };
+        let range: Range = (start.map(|s| s.json().clone()), end.json().clone());
+        let letters = {
+            let mut kept = self.letters.lock().map_err(|_| self.poisoned())?;
+            match kept.iter().position(|(r, _)| *r == range) {
+                Some(i) => kept.remove(i).1,
+                None => {
+                    return Err(self.err(KafkaSourceError::Invalid {
+                        what: format!("the dead letter of batch {batch_id}"),
+                        reason: "the batch's range was not read in this process".into(),
+                    }));
+                }
+            }
+        };
+        dead_letter::write(dead, None, batch_id, &letters).await
     }
 
     async fn commit(&self, end: &SourceOffset) -> Result<()> {

@@ -11,6 +11,8 @@ mod cluster_pg;
 mod cluster_state;
 mod config;
 mod durability;
+mod kafka_dead_letter;
+mod kafka_recreated;
 mod kills;
 mod monitor;
 mod outages;

@@ -11,11 +11,11 @@ use weir_testkit::{rows, run_weir, temp_dir};
 use crate::{SCHEMA, bin};
 
 /// An hour ago, to the second (the broker's retention drops records with old timestamps).
-fn an_hour_ago() -> i64 {
+pub(crate) fn an_hour_ago() -> i64 {
     (chrono::Utc::now().timestamp() - 3600) * 1000
 }
 
-fn at(ms: i64) -> String {
+pub(crate) fn at(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
         .unwrap()
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
@@ -23,7 +23,7 @@ fn at(ms: i64) -> String {
 
 /// A new topic of 3 partitions named from `prefix` on the test broker, and a producer:
 /// the broker's address, the topic and the producer.
-async fn new_topic(prefix: &str) -> (String, String, FutureProducer) {
+pub(crate) async fn new_topic(prefix: &str) -> (String, String, FutureProducer) {
     let bootstrap = weir_testkit::kafka().bootstrap.clone();
     let topic = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
     weir_kafka::create_topic(&bootstrap, &topic, 3)

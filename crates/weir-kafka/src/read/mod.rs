@@ -20,9 +20,9 @@ use weir_core::source::decode;
 use crate::PartitionOffsets;
 use crate::client::watermarks;
 use crate::error::KafkaSourceError;
+use crate::marks::{Mark, Marks, compare};
 use crate::offsets::check_loss;
 use crate::options::{KafkaOptions, Tombstones, ValueFormat};
-use crate::marks::{Mark, Marks, compare};
 mod json;
 use json::json_read;
 
@@ -377,25 +377,30 @@ fn poll(
                 if part.done() {
                     continue;
                 }
-                if let Some(want) = part.check.take() {
-                    if m.offset() < part.from {
-                        if m.offset() == want.offset
-                            && let Some(why) = compare(&want, &Mark::of(&m))
-                        {
-                            let e = KafkaSourceError::DataLoss {
+                // The record before the range, read to compare with its mark. When the
+                // first record is later, the one before is gone (compacted, or a
+                // transaction marker): nothing to compare.
+                if let Some(want) = part.check.take()
+                    && m.offset() < part.from
+                {
+                    if m.offset() == want.offset
+                        && let Some(why) = compare(&want, &Mark::of(&m))
+                    {
+                        if o.fail_on_data_loss {
+                            return Err(KafkaSourceError::DataLoss {
                                 topic: part.topic.clone(),
                                 partition: part.partition,
                                 detail: why,
-                            };
-                            if o.fail_on_data_loss {
-                                return Err(e);
-                            }
-                            tracing::warn!("{e}; reading on (failOnDataLoss=false)");
+                            });
                         }
-                        continue;
+                        tracing::warn!(
+                            "topic {} partition {}: {why}; reading on from {} (failOnDataLoss=false)",
+                            part.topic,
+                            part.partition,
+                            part.from
+                        );
                     }
-                    // The record before the range is gone (compacted, or a transaction
-                    // marker): nothing to compare.
+                    continue;
                 }
                 if m.offset() >= part.to {
                     part.next = part.to;
