@@ -388,10 +388,22 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     };
     // Signals are caught before the query starts, so a SIGTERM during start-up is not lost.
     let mut signals = Signals::new()?;
-    let query = writer
-        .start()
-        .await
-        .with_context(|| format!("starting query '{}'", pipeline.query.name))?;
+    // A signal while the start waits (for the checkpoint with `lease-wait`, or for a
+    // server) stops it there: no batch has begun, so there is nothing to finish.
+    let query = tokio::select! {
+        q = writer.start() => {
+            q.with_context(|| format!("starting query '{}'", pipeline.query.name))?
+        }
+        first = signals.next() => {
+            notice(
+                "WARN",
+                &format!("{first} while starting: stopped before any batch began"),
+                &[],
+                None,
+            );
+            return Ok(());
+        }
+    };
     let stop = query.clone();
     tokio::spawn(async move {
         let first = signals.next().await;

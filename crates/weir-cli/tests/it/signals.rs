@@ -301,3 +301,40 @@ async fn a_start_with_lease_wait_takes_over_when_the_holder_stops() {
         input_rows(&dir.path().join("in")).await
     );
 }
+
+/// A stop signal while a start waits for the checkpoint (`lease-wait`) ends that start at
+/// once and cleanly (exit 0, no batch begun), not with "in use" after the wait.
+#[tokio::test]
+async fn a_sigterm_during_lease_wait_stops_the_waiting_start_cleanly() {
+    let dir = temp_dir();
+    gen_orders(&dir.path().join("in"), 4, 5, 3);
+    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let next = dir.path().join("next.toml");
+    std::fs::write(
+        &next,
+        text.replace("[query]\n", "[query]\nlease-wait = \"60s\"\n"),
+    )
+    .unwrap();
+    let old = start(&p, 1500, &[]);
+    wait_for(&dir.path().join("chk/offsets/1"));
+    let mut new = Command::new(bin())
+        .args(["run", next.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(new.try_wait().unwrap().is_none(), "the new process waits");
+    let asked = std::time::Instant::now();
+    signal(&new, "-TERM");
+    let (code, err) = finish(new);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(30),
+        "stopped at once, not after the wait"
+    );
+    assert!(err.contains("SIGTERM while starting"), "{err}");
+    signal(&old, "-TERM");
+    let (code, err) = finish(old);
+    assert_eq!(code, Some(0), "{err}");
+}
