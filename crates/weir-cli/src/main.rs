@@ -87,6 +87,20 @@ enum Command {
         /// environment. Without it, any driver of the same weir version is served.
         #[arg(long)]
         token: Option<String>,
+        /// Serve TLS with this certificate (PEM); drivers then list this worker as
+        /// https://host:port and check it against their `[cluster] tls-ca`.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The certificate's private key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// The CA certificate (PEM) that the other workers' certificates are checked
+        /// against (a shuffle reads from them); default: --tls-cert itself.
+        #[arg(long, requires = "tls_cert")]
+        tls_ca: Option<PathBuf>,
+        /// The name the other workers' certificates carry, when it is not the host dialled.
+        #[arg(long, requires = "tls_cert")]
+        tls_domain: Option<String>,
     },
     /// Checks a pipeline file without running it: keys, values, paths, secrets.
     Check {
@@ -308,7 +322,25 @@ async fn dispatch(command: Command) -> Result<()> {
             }
             Ok(())
         }
-        Command::Worker { listen, token } => run_worker(&listen, token.as_deref()).await,
+        Command::Worker {
+            listen,
+            token,
+            tls_cert,
+            tls_key,
+            tls_ca,
+            tls_domain,
+        } => {
+            let tls = match (&tls_cert, &tls_key) {
+                (Some(cert), Some(key)) => Some(weir_cluster::tls::WorkerTls::from_files(
+                    cert,
+                    key,
+                    tls_ca.as_deref(),
+                    tls_domain.as_deref(),
+                )?),
+                _ => None,
+            };
+            run_worker(&listen, token.as_deref(), tls).await
+        }
         Command::Demo(args) => demo::run(args).await,
         Command::Gen(args) => {
             let files = generate::generate(&args)?;
@@ -440,7 +472,11 @@ async fn run_pipeline(path: &std::path::Path, opts: &RunOptions) -> Result<()> {
 }
 
 /// `weir worker`: serves until SIGTERM or Ctrl-C.
-async fn run_worker(listen: &str, token: Option<&str>) -> Result<()> {
+async fn run_worker(
+    listen: &str,
+    token: Option<&str>,
+    tls: Option<weir_cluster::tls::WorkerTls>,
+) -> Result<()> {
     let token = token
         .map(|t| weir_core::connector::secret("--token", t))
         .transpose()?;
@@ -451,7 +487,8 @@ async fn run_worker(listen: &str, token: Option<&str>) -> Result<()> {
     notice(
         "INFO",
         &format!(
-            "weir worker: listening on http://{addr} (weir {}, {})",
+            "weir worker: listening on {}://{addr} (weir {}, {})",
+            if tls.is_some() { "https" } else { "http" },
             weir_cluster::VERSION,
             if token.is_some() {
                 "token required"
@@ -463,7 +500,7 @@ async fn run_worker(listen: &str, token: Option<&str>) -> Result<()> {
         None,
     );
     let mut signals = Signals::new()?;
-    weir_cluster::worker::serve(listener, token, weir::config::NODES, async move {
+    weir_cluster::worker::serve(listener, token, weir::config::NODES, tls, async move {
         let why = signals.next().await;
         notice("INFO", &format!("weir worker: {why}: stopping"), &[], None);
     })

@@ -3,6 +3,8 @@
 //! ```toml
 //! [cluster]
 //! workers = ["http://10.0.0.5:7400", "http://10.0.0.6:7400"]  # or one DNS name for many
+//! # workers = ["https://10.0.0.5:7400"] with tls-ca = "ca.pem": TLS, certificates checked
+//! # against that CA (tls-domain = "weir-workers" when they name another host than the URL)
 //! token = "env:WEIR_CLUSTER_TOKEN"    # checked by every worker on every request
 //! max-batch-attempts = 3              # a batch's plan, run again on the workers left
 //! connect-timeout = "5s"
@@ -42,6 +44,13 @@ pub struct ClusterConfig {
     /// freezes or is cut off without a reset is noticed within this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub liveness_timeout: Option<String>,
+    /// The CA certificate (PEM file) that signed the `https://` workers' certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<String>,
+    /// The name the workers' certificates carry, when it is not the host the URLs dial
+    /// (one DNS name dialled at each of its addresses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_domain: Option<String>,
 }
 
 impl ClusterConfig {
@@ -58,12 +67,10 @@ impl ClusterConfig {
             .map(|w| {
                 let url = Url::parse(w.trim())
                     .map_err(|e| config("workers", format!("'{w}' is not a URL: {e}")))?;
-                if url.scheme() != "http" {
+                if url.scheme() != "http" && url.scheme() != "https" {
                     return Err(config(
                         "workers",
-                        format!(
-                            "'{w}': workers speak plain http (gRPC over h2c); TLS is not built yet"
-                        ),
+                        format!("'{w}': a worker URL is http://host:port or https://host:port"),
                     ));
                 }
                 if url.host_str().is_none() || url.port_or_known_default().is_none() {
@@ -126,9 +133,42 @@ impl ClusterConfig {
         }
     }
 
+    /// How the driver checks `https://` workers (`None`: every worker is `http://`).
+    pub fn tls(&self) -> Result<Option<tonic::transport::ClientTlsConfig>> {
+        let urls = self.urls()?;
+        let https = urls.iter().filter(|u| u.scheme() == "https").count();
+        match (&self.tls_ca, https) {
+            (None, 0) => {
+                if self.tls_domain.is_some() {
+                    return Err(config("tls-domain", "only used with https:// workers"));
+                }
+                Ok(None)
+            }
+            (None, _) => Err(config(
+                "tls-ca",
+                "https:// workers need the CA certificate (PEM) that signed theirs",
+            )),
+            (Some(_), 0) => Err(config(
+                "tls-ca",
+                "every worker URL is http://: list them as https:// to use TLS",
+            )),
+            (Some(_), n) if n < urls.len() => Err(config(
+                "workers",
+                "some workers are https:// and some http://: one cluster speaks one",
+            )),
+            (Some(ca), _) => crate::tls::client(
+                "cluster.tls-ca",
+                std::path::Path::new(ca),
+                self.tls_domain.as_deref(),
+            )
+            .map(Some),
+        }
+    }
+
     /// Every setting checked, without connecting.
     pub fn check(&self) -> Result<()> {
         self.urls()?;
+        self.tls()?;
         self.token()?;
         self.max_batch_attempts()?;
         self.connect_timeout()?;
@@ -155,6 +195,8 @@ mod tests {
             token: None,
             max_batch_attempts: None,
             connect_timeout: None,
+            tls_ca: None,
+            tls_domain: None,
         }
     }
 

@@ -34,7 +34,7 @@ use datafusion_distributed::{
     WorkerResolver, rewrite_distributed_plan_with_metrics,
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
-use tonic::transport::Endpoint;
+use tonic::transport::{ClientTlsConfig, Endpoint};
 use url::Url;
 use weir_core::engine::{Cluster, ClusterRun, WorkerTasks};
 use weir_core::error::error_chain;
@@ -75,6 +75,7 @@ impl WeirCluster {
                 config.connect_timeout()?,
                 config.liveness_timeout()?,
                 config.token()?.as_deref(),
+                config.tls()?,
             )?,
             live: Arc::new(RwLock::new(Vec::new())),
             scan_routes: Arc::new(Mutex::new(Vec::new())),
@@ -331,6 +332,8 @@ pub(crate) struct Channels {
     /// without a reset) has its connection dropped, which fails the streams on it.
     liveness: Duration,
     headers: HeaderMap,
+    /// How `https://` workers' certificates are checked.
+    tls: Option<ClientTlsConfig>,
 }
 
 impl Channels {
@@ -339,6 +342,7 @@ impl Channels {
         timeout: Duration,
         liveness: Duration,
         token: Option<&str>,
+        tls: Option<ClientTlsConfig>,
     ) -> Result<Channels> {
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -357,6 +361,7 @@ impl Channels {
             timeout,
             liveness,
             headers,
+            tls,
         })
     }
 
@@ -371,6 +376,18 @@ impl Channels {
             .http2_keep_alive_interval(self.liveness / 2)
             .keep_alive_timeout(self.liveness / 2)
             .keep_alive_while_idle(true);
+        let endpoint = match (url.scheme(), &self.tls) {
+            ("https", Some(tls)) => endpoint.tls_config(tls.clone()).map_err(|e| {
+                DataFusionError::Configuration(format!("worker {url}: TLS: {}", error_chain(&e)))
+            })?,
+            ("https", None) => {
+                return Err(DataFusionError::Configuration(format!(
+                    "worker {url} is https:// and no CA certificate was given to check it \
+                     (cluster.tls-ca, or --tls-ca on a worker)"
+                )));
+            }
+            _ => endpoint,
+        };
         let channel = endpoint.connect().await.map_err(|e| {
             DataFusionError::Execution(format!("connecting to worker {url}: {}", error_chain(&e)))
         })?;

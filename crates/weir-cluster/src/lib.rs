@@ -22,12 +22,16 @@
 //!   [`weir_core::sink::WorkerWrite`] on top of the plan; each task writes its rows and the
 //!   driver commits what they wrote, once.
 //!
+//! - **TLS**: workers listed as `https://` serve TLS ([`tls`]); the driver and the other
+//!   workers check their certificates against `tls-ca`.
+//!
 //! Not distributed yet: stateful steps (refused on a cluster) and the other sinks' writes
 //! (the driver writes what the workers computed).
 
 pub mod codec;
 pub mod config;
 pub mod driver;
+pub mod tls;
 pub mod worker;
 
 pub use config::ClusterConfig;

@@ -21,6 +21,7 @@ use weir_core::sink::PlanNodes;
 
 use crate::codec::WeirCodec;
 use crate::driver::Channels;
+use crate::tls::WorkerTls;
 use crate::{Error, Result, TOKEN_HEADER, VERSION, VERSION_HEADER};
 
 /// How long a worker waits to connect to another worker (a shuffle's producer).
@@ -108,11 +109,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Serves a worker on `listener` until `shutdown` resolves; it runs the scans and writes of
-/// `nodes`.
+/// `nodes`. With `tls`, it serves TLS and checks the other workers' certificates.
 pub async fn serve(
     listener: TcpListener,
     token: Option<String>,
     nodes: PlanNodes,
+    tls: Option<WorkerTls>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let addr = listener
@@ -123,6 +125,7 @@ pub async fn serve(
         PEER_CONNECT_TIMEOUT,
         crate::config::DEFAULT_LIVENESS,
         token.as_deref(),
+        tls.as_ref().map(|t| t.peers.clone()),
     )?;
     let session = WeirWorkerSession {
         channels,
@@ -130,7 +133,17 @@ pub async fn serve(
     };
     let worker = Worker::from_session_builder(session).with_version(VERSION);
     let service = InterceptedService::new(worker.into_worker_server(), Gate::new(token));
-    Server::builder()
+    let mut server = Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls.server).map_err(|e| Error::Serve {
+            addr: addr.clone(),
+            reason: format!(
+                "the TLS certificate and key: {}",
+                weir_core::error::error_chain(&e)
+            ),
+        })?;
+    }
+    server
         .add_service(service)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
         .await

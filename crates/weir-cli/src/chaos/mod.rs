@@ -329,6 +329,8 @@ pub(crate) async fn run(mut args: ChaosArgs) -> Result<()> {
             max_batch_attempts: Some(5),
             connect_timeout: Some("1s".into()),
             liveness_timeout: Some("5s".into()),
+            tls_ca: None,
+            tls_domain: None,
         });
         cluster = Some(w);
     } else if pipeline.cluster.is_some() {

@@ -75,7 +75,7 @@ impl Worker {
     }
 
     /// Runs `cmd` (a `weir worker` command) and waits for the address it listens on.
-    fn spawn(mut cmd: Command) -> Worker {
+    pub(crate) fn spawn(mut cmd: Command) -> Worker {
         cmd.env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -270,7 +270,7 @@ fn sql_pipeline(
 
 /// `sql` over 9 files of 500 orders (`keys` ids), 3 files a batch, on `workers` and in one
 /// process: the Parquet rows (`cols`) of each, after checking both ran 3 batches.
-async fn on_workers_and_alone(
+pub(crate) async fn on_workers_and_alone(
     workers: &[&Worker],
     extra: &str,
     sql: &str,

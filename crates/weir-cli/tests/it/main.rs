@@ -9,6 +9,7 @@ mod cluster_delta;
 mod cluster_merge;
 mod cluster_pg;
 mod cluster_state;
+mod cluster_tls;
 mod config;
 mod durability;
 mod kafka_dead_letter;
