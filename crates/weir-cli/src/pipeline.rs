@@ -277,7 +277,7 @@ impl Pipeline {
             weir_core::engine::check_steps(&t.steps()?)?;
         }
         let env = self.env()?;
-        env.location("query.checkpoint", &self.query.checkpoint)?;
+        let checkpoint = env.location("query.checkpoint", &self.query.checkpoint)?;
         self.source.spec().check(&env)?;
         self.source.spec().read_limit()?;
         if self.sinks.is_empty() {
@@ -289,13 +289,24 @@ impl Pipeline {
                 .with_context(|| format!("sink[{i}] ({})", s.kind()))?;
         }
         // No two places written by one pipeline may overlap, nor may a sink write into
-        // the folder the source reads (it would read its own output).
+        // the folder the source reads (it would read its own output); a dead letter has
+        // its own folder, outside the checkpoint too.
+        let dead = self.source.spec().dead_letter(&env);
+        if let Some(d) = &dead
+            && weir_core::connector::overlaps(d, &checkpoint)
+        {
+            anyhow::bail!(
+                "invalid setting 'source.dead-letter': {d} and the checkpoint {checkpoint} \
+                 use the same folder: give the dead letter its own"
+            );
+        }
         let places: Vec<(String, weir_core::storage::Location)> = self
             .source
             .spec()
             .location(&env)
             .map(|l| ("source".to_string(), l))
             .into_iter()
+            .chain(dead.map(|l| ("source.dead-letter".to_string(), l)))
             .chain(self.sinks.iter().enumerate().filter_map(|(i, s)| {
                 s.spec()
                     .location(&env)

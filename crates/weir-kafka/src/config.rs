@@ -255,6 +255,11 @@ impl SourceSpec for KafkaConfig {
             ..ReadLimit::ALL
         })
     }
+    fn dead_letter(&self, env: &BuildEnv) -> Option<weir_core::storage::Location> {
+        let d = self.dead_letter.as_ref()?;
+        env.location("source.dead-letter", d).ok()
+    }
+
     /// Not with a dead letter: the workers' reads do not write one.
     fn reads_on_workers(&self) -> bool {
         self.dead_letter.is_none()

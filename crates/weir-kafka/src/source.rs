@@ -52,6 +52,8 @@ pub struct KafkaSource {
     /// The last records read in each partition, to tell a topic made again (see
     /// [`crate::marks`]); kept in `sources/0/marks` before each commit.
     marks: Mutex<Marks>,
+    /// The checkpoint's query id (names the dead letter's files).
+    query_id: Mutex<uuid::Uuid>,
 }
 
 /// The source log's file of [`Marks`].
@@ -100,6 +102,7 @@ impl KafkaSource {
             skipped: Mutex::new(None),
             letters: Mutex::new(Vec::new()),
             marks: Mutex::new(Marks::default()),
+            query_id: Mutex::new(uuid::Uuid::nil()),
         })
     }
 
@@ -273,6 +276,7 @@ impl Source for KafkaSource {
 
     async fn open(&self, init: &SourceInit) -> Result<()> {
         *self.log.lock().map_err(|_| self.poisoned())? = Some(init.log.clone());
+        *self.query_id.lock().map_err(|_| self.poisoned())? = init.query_id;
         self.letters.lock().map_err(|_| self.poisoned())?.clear();
         let marks = match init.log.get(MARKS).await? {
             Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
@@ -498,7 +502,11 @@ impl Source for KafkaSource {
                 }
             }
         };
-        dead_letter::write(dead, None, batch_id, &letters).await
+        let to = dead_letter::DeadLetter {
+            dir: dead.clone(),
+            query_id: *self.query_id.lock().map_err(|_| self.poisoned())?,
+        };
+        dead_letter::write(&to, None, batch_id, &letters).await
     }
 
     async fn commit(&self, end: &SourceOffset) -> Result<()> {

@@ -166,17 +166,30 @@ fn a_kafka_dead_letter_is_refused_where_it_cannot_work() {
     let p = dir.path().join("pipeline.toml");
     for (extra, key) in [
         (
-            "value-format = \"json\"\nschema = [\"id bigint\"]\nmode = \"PERMISSIVE\"",
+            "value-format = \"json\"\nschema = [\"id bigint\"]\nmode = \"PERMISSIVE\"\n\
+             dead-letter = \"dead\"",
             "source.mode",
         ),
-        ("value-format = \"raw\"", "source.dead-letter"),
+        (
+            "value-format = \"raw\"\ndead-letter = \"dead\"",
+            "source.dead-letter",
+        ),
+        // A folder of its own: not a sink's, nor in the checkpoint.
+        (
+            "value-format = \"json\"\nschema = [\"id bigint\"]\ndead-letter = \"out/dead\"",
+            "source.dead-letter",
+        ),
+        (
+            "value-format = \"json\"\nschema = [\"id bigint\"]\ndead-letter = \"chk/dead\"",
+            "source.dead-letter",
+        ),
     ] {
         std::fs::write(
             &p,
             format!(
                 "[query]\nname = \"dead\"\ncheckpoint = \"chk\"\n\n\
                  [source]\ntype = \"kafka\"\nbootstrap-servers = \"127.0.0.1:1\"\n\
-                 subscribe = [\"t\"]\ndead-letter = \"dead\"\n{extra}\n\n\
+                 subscribe = [\"t\"]\n{extra}\n\n\
                  [[sink]]\ntype = \"parquet\"\npath = \"out\"\n"
             ),
         )
@@ -188,4 +201,52 @@ fn a_kafka_dead_letter_is_refused_where_it_cannot_work() {
             "{extra}: {stderr}"
         );
     }
+}
+
+/// Two queries writing bad records to one dead-letter folder, or a new checkpoint over an
+/// old folder, keep every query's letters: the files carry the query id.
+#[tokio::test]
+async fn queries_sharing_a_dead_letter_folder_keep_each_others_letters() {
+    let dir = temp_dir();
+    let mut bad = BTreeSet::new();
+    let mut pipelines = Vec::new();
+    for q in ["a", "b"] {
+        let (bootstrap, topic, producer) = new_topic(&format!("shared_{q}")).await;
+        let t0 = an_hour_ago();
+        send(&producer, &topic, 0, "k", Some(&order(1, "new", t0)), t0).await;
+        let o = send(&producer, &topic, 0, "k", Some("bad!"), t0).await;
+        bad.insert(format!("{topic}|0|{o}"));
+        let p = dir.path().join(format!("{q}.toml"));
+        std::fs::write(
+            &p,
+            format!(
+                "[query]\nname = \"{q}\"\ncheckpoint = \"chk-{q}\"\ntrigger = \"available-now\"\n\n\
+                 [source]\ntype = \"kafka\"\nbootstrap-servers = \"{bootstrap}\"\n\
+                 subscribe = [\"{topic}\"]\nvalue-format = \"json\"\nschema = {SCHEMA}\n\
+                 dead-letter = \"dead\"\n\n[[sink]]\ntype = \"parquet\"\npath = \"out-{q}\"\n"
+            ),
+        )
+        .unwrap();
+        pipelines.push(p);
+    }
+    let run = |p: &std::path::Path| {
+        let out = weir_testkit::run_weir(&bin(), &["run", p.to_str().unwrap()], None);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for p in &pipelines {
+        run(p);
+    }
+    // Query a starts over on a new checkpoint: its batch 0 again, its letter again.
+    std::fs::remove_dir_all(dir.path().join("chk-a")).unwrap();
+    std::fs::remove_dir_all(dir.path().join("out-a")).unwrap();
+    run(&pipelines[0]);
+    let letters = parquet_rows(&dir.path().join("dead"), &["topic", "partition", "offset"]).await;
+    let a = bad.iter().next().unwrap().clone();
+    let mut want: Vec<String> = bad.into_iter().chain([a]).collect();
+    want.sort();
+    assert_eq!(letters, want);
 }

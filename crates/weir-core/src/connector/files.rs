@@ -172,6 +172,11 @@ impl SourceSpec for FilesConfig {
         env.location("source.path", &self.path).ok()
     }
 
+    fn dead_letter(&self, env: &BuildEnv) -> Option<crate::storage::Location> {
+        let d = self.dead_letter.as_ref()?;
+        env.location("source.dead-letter", d).ok()
+    }
+
     /// The folder must be there, as `weir run` requires of a local one.
     async fn probe(&self, env: &BuildEnv) -> Result<String> {
         let at = env.location("source.path", &self.path)?;

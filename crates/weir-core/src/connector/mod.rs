@@ -220,6 +220,12 @@ pub trait SourceSpec: Send + Sync + Debug {
         None
     }
 
+    /// The folder the source writes its bad records to (`dead-letter`), if it has one: it
+    /// must not share a folder with a sink, the source or the checkpoint.
+    fn dead_letter(&self, _env: &BuildEnv) -> Option<Location> {
+        None
+    }
+
     /// Checks that what the source reads can be reached, reading as little as possible
     /// (`weir check --connect`), and says what it found. By default its folder
     /// ([`Location::probe`]).

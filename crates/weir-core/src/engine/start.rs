@@ -169,6 +169,7 @@ impl Reopen {
             .open(&SourceInit {
                 log: checkpoint.source_log(0),
                 retain_batches: self.retain,
+                query_id: checkpoint.query_id(),
             })
             .await?;
         // Sinks check where they write before anything runs.

@@ -2,9 +2,11 @@
 //! decode, each with where it was (file and line, or topic, partition and offset), the
 //! error and the batch id, as Parquet files in a folder of their own.
 //!
-//! Written before `commits/N` and written once: a file's name is fixed by the batch and by
-//! what it covers (`part-<batch>-<hash of the input file's name>.parquet` for files,
-//! `part-<batch>-kafka.parquet` for Kafka), the write is put-if-absent (a temp file and a
+//! Written before `commits/N` and written once: a file's name is fixed by the query, the
+//! batch and what it covers (`part-<batch>-<query id>-<hash of the input file's
+//! name>.parquet` for files, `part-<batch>-<query id>-kafka.parquet` for Kafka; the query
+//! id keeps two queries sharing a folder, or a new checkpoint, from taking each other's
+//! names), the write is put-if-absent (a temp file and a
 //! link locally, `If-None-Match: *` on object stores), and a replay of the batch, which
 //! reads the same records (same range, same rows), finds the file there and leaves it. A
 //! kill during the write leaves no partial file under the name.
@@ -137,11 +139,31 @@ pub(crate) fn json_file_letters(
     out
 }
 
+/// Where a query's dead letter goes: the folder, and the query whose files they are.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub dir: Location,
+    pub query_id: uuid::Uuid,
+}
+
+/// The name of the dead letter's file for batch `batch_id` of query `query_id` covering
+/// `what` (an input file's name; `None`: the batch's whole read).
+fn file_name(query_id: uuid::Uuid, batch_id: u64, what: Option<&str>) -> String {
+    let query = query_id.simple();
+    match what {
+        Some(name) => format!(
+            "part-{batch_id:05}-{query}-{:016x}.parquet",
+            crate::storage::fnv1a(name.as_bytes())
+        ),
+        None => format!("part-{batch_id:05}-{query}-kafka.parquet"),
+    }
+}
+
 /// Writes `letters` (the dead letter of batch `batch_id` for `what`: an input file's name,
-/// or `None` for the batch's whole read) into `dead`, unless a run of the batch before did.
+/// or `None` for the batch's whole read) into `to`, unless a run of the batch before did.
 /// Nothing is written for no letters.
 pub async fn write(
-    dead: &Location,
+    to: &DeadLetter,
     what: Option<&str>,
     batch_id: u64,
     letters: &[Letter],
@@ -149,14 +171,9 @@ pub async fn write(
     if letters.is_empty() {
         return Ok(());
     }
+    let dead = &to.dir;
     let rows = rows(batch_id, letters)?;
-    let file = match what {
-        Some(name) => format!(
-            "part-{batch_id:05}-{:016x}.parquet",
-            crate::storage::fnv1a(name.as_bytes())
-        ),
-        None => format!("part-{batch_id:05}-kafka.parquet"),
-    };
+    let file = file_name(to.query_id, batch_id, what);
     let shown = || dead.describe(&file);
     let mut out = Vec::new();
     let mut w =
@@ -204,6 +221,25 @@ mod tests {
         assert_eq!(text.value(2), "{\"id\":4");
         assert!(rows.column(3).is_null(0) && rows.column(5).is_null(2));
         assert!(json_file_letters(&Bytes::from_static(b"{\"id\":1}\n"), "a", &asked).is_empty());
+    }
+
+    #[test]
+    fn file_names_are_the_querys_the_batchs_and_the_input_files() {
+        let (q1, q2) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let a = file_name(q1, 3, Some("in/a.json"));
+        assert_eq!(a, file_name(q1, 3, Some("in/a.json")), "a replay's name");
+        for other in [
+            file_name(q2, 3, Some("in/a.json")),
+            file_name(q1, 4, Some("in/a.json")),
+            file_name(q1, 3, Some("in/b.json")),
+            file_name(q1, 3, None),
+        ] {
+            assert_ne!(a, other);
+        }
+        assert!(
+            a.starts_with("part-00003-") && a.ends_with(".parquet"),
+            "{a}"
+        );
     }
 
     #[test]

@@ -85,6 +85,9 @@ pub struct SourceInit {
     pub log: Location,
     /// How many batches of the source's own log to keep (the query's retention).
     pub retain_batches: u64,
+    /// The checkpoint's query id: names what the source writes outside its log (a dead
+    /// letter's files), so that two queries, or a new checkpoint, never take another's.
+    pub query_id: uuid::Uuid,
 }
 
 /// A replayable source of rows.

@@ -56,6 +56,8 @@ pub use options::{CleanSource, FileFormat, FileSourceOptions};
 #[derive(Debug, Default)]
 struct State {
     log: Option<Location>,
+    /// The checkpoint's query id (names the dead letter's files).
+    query_id: uuid::Uuid,
     retain: u64,
     /// Entries of the batches still needed for reading (replay) and compaction.
     entries: BTreeMap<u64, Vec<FileEntry>>,
@@ -442,6 +444,7 @@ impl Source for FileSource {
         st.newest_timestamp = newest;
         st.entries = entries;
         st.log = Some(init.log.clone());
+        st.query_id = init.query_id;
         st.retain = init.retain_batches.max(2);
         st.queue.clear();
         // What was queued is gone: the next listing must give every file again.
@@ -536,7 +539,13 @@ impl Source for FileSource {
             .clone()
             .unwrap_or_else(|| self.schema.clone());
         let mode = self.opts.mode;
-        let dead = self.opts.dead_letter.clone();
+        let dead = match &self.opts.dead_letter {
+            Some(dir) => Some(crate::source::dead_letter::DeadLetter {
+                dir: dir.clone(),
+                query_id: self.lock()?.query_id,
+            }),
+            None => None,
+        };
         if super::leaf::scans_on_cluster(ctx) {
             // Read where the plan runs: the workers, each its share of the files.
             let scan = FilesScan {

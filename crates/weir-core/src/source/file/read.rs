@@ -47,7 +47,7 @@ pub(super) async fn read_entry(
     format: &FileFormat,
     schema: &SchemaRef,
     mode: BadRecordMode,
-    dead: Option<&Location>,
+    dead: Option<&dead_letter::DeadLetter>,
 ) -> Result<(RecordBatch, u64)> {
     let name = e.name();
     let shown = dir.describe(&name);
