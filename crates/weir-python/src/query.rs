@@ -44,6 +44,11 @@ struct QuerySpec {
     /// `.option("retryAttempts" | "retryInitial" | "retryMax", ...)`.
     #[serde(default)]
     retry: RetryConfig,
+    /// `.option("leaseWait" | "leaseTtl", ...)`: as `[query] lease-wait` and `lease-ttl`.
+    #[serde(default)]
+    lease_wait: Option<DurationText>,
+    #[serde(default)]
+    lease_ttl: Option<DurationText>,
     /// Relative paths are taken from here (the Python process's working folder).
     base: Option<std::path::PathBuf>,
 }
@@ -67,6 +72,8 @@ struct Parsed {
     trigger: Trigger,
     state_partitions: Option<u32>,
     retry: RetryPolicy,
+    lease_wait: Option<DurationText>,
+    lease_ttl: Option<DurationText>,
 }
 
 fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
@@ -123,6 +130,8 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
         trigger,
         state_partitions: spec.state_partitions,
         retry,
+        lease_wait: spec.lease_wait,
+        lease_ttl: spec.lease_ttl,
     })
 }
 
@@ -148,6 +157,12 @@ pub fn start_query(py: Python<'_>, spec: &str, func: Py<PyAny>) -> PyResult<Quer
         let mut writer = frame.write_stream();
         if let Some(n) = p.state_partitions {
             writer = writer.state_partitions(n);
+        }
+        if let Some(t) = p.lease_wait {
+            writer = writer.lease_wait(t.0);
+        }
+        if let Some(t) = p.lease_ttl {
+            writer = writer.lease_ttl(t.0);
         }
         writer
             .retry(p.retry)

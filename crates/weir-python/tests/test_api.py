@@ -355,3 +355,34 @@ def test_a_connection_error_runs_the_batch_again_after_a_pause_and_others_stop(t
         start(flaky, tmp_path / "chk4", retryAttempts=0)
     with pytest.raises(weir.ConfigError, match="retry.initial"):
         start(flaky, tmp_path / "chk4", retryInitial="5s", retryMax="1s")
+
+
+def test_dead_letter_timeout_tombstones_and_lease_wait_are_options(tmp_path):
+    import pyarrow.parquet as pq
+    folder = tmp_path / "in [x] ü"
+    folder.mkdir()
+    (folder / "a.json").write_text(
+        '{"order_id": 1, "status": "a", "amount": 1.5, "updated_at": "2026-01-01T00:00:00Z"}\n'
+        '{"order_id": 2, "amount": "7.25"}\n'
+        '{"order_id": 3\n')
+    seen = []
+    dead = tmp_path / "dead ü"
+    frame = (weir.Session().read_stream.format("json").schema(SCHEMA)
+             .option("deadLetter", str(dead)).option("timeout", "1m").load(folder))
+    q = (frame.write_stream.foreach_batch(lambda b, i: seen.append(pa.table(b)))
+         .option("checkpointLocation", str(tmp_path / "chk")).option("leaseWait", "5s")
+         .option("leaseTtl", "30s").trigger(available_now=True).start())
+    q.await_termination()
+    assert [t.column("order_id").to_pylist() for t in seen] == [[1]]
+    letters = pa.concat_tables([pq.read_table(dead / f) for f in os.listdir(dead)])
+    assert sorted(letters.column("line").to_pylist()) == [2, 3]
+    assert set(letters.column("batch_id").to_pylist()) == {0}
+    # Checked as a pipeline file's keys are, naming them.
+    bad = (weir.Session().read_stream.format("kafka").option("kafka.bootstrap.servers", "x:1")
+           .option("subscribe", "t").option("tombstones", "delete").load())
+    with pytest.raises(weir.ConfigError, match="source.tombstones"):
+        bad.write_stream.foreach_batch(lambda b, i: None) \
+            .option("checkpointLocation", str(tmp_path / "chk2")).start()
+    with pytest.raises(weir.ConfigError, match="lease-wait|leaseWait|duration"):
+        frame.write_stream.foreach_batch(lambda b, i: None) \
+            .option("checkpointLocation", str(tmp_path / "chk3")).option("leaseWait", "soon").start()

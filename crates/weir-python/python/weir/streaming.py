@@ -22,6 +22,9 @@ _FILE_OPTIONS = {
     "mode": ("mode", str),
     "cleanSource": ("clean-source", str),
     "sourceArchiveDir": ("source-archive-dir", str),
+    # weir's own: a folder for malformed lines (JSON), and how long a call may take.
+    "deadLetter": ("dead-letter", str),
+    "timeout": ("timeout", str),
 }
 _CSV_OPTIONS = {
     "header": ("csv-header", bool),
@@ -43,6 +46,12 @@ _KAFKA_OPTIONS = {
     "valueFormat": ("value-format", str),
     "mode": ("mode", str),
     "commitToGroup": ("commit-to-group", str),
+    # What a null value becomes ("row", "skip", "delete"), the column a delete's Kafka
+    # timestamp goes to, a folder for bad records, and how long a call may take.
+    "tombstones": ("tombstones", str),
+    "tombstoneTimestamp": ("tombstone-timestamp", str),
+    "deadLetter": ("dead-letter", str),
+    "timeout": ("timeout", str),
 }
 _RATE_OPTIONS = {
     "rowsPerSecond": ("rows-per-second", int),
@@ -254,6 +263,7 @@ class DataStreamWriter:
         self._checkpoint = None
         self._state_partitions = None
         self._retry = {}
+        self._lease = {}
         self._trigger = "0"
 
     def foreach_batch(self, func):
@@ -305,10 +315,14 @@ class DataStreamWriter:
         elif key in ("retryInitial", "retryMax"):
             # The first pause between runs, doubling up to the longest: "500ms", "30s", "1m".
             self._retry["initial" if key == "retryInitial" else "max"] = str(value)
+        elif key in ("leaseWait", "leaseTtl"):
+            # How long a start waits for another holder of the checkpoint to let it go
+            # (default: refuse at once), and an object-store lease's time to live.
+            self._lease["wait" if key == "leaseWait" else "ttl"] = str(value)
         else:
             raise ConfigError(
                 f"unknown writer option '{key}' (known: checkpointLocation, statePartitions, "
-                "retryAttempts, retryInitial, retryMax)"
+                "retryAttempts, retryInitial, retryMax, leaseWait, leaseTtl)"
             )
         return self
 
@@ -361,6 +375,8 @@ class DataStreamWriter:
             "trigger": self._trigger,
             "state-partitions": self._state_partitions,
             "retry": self._retry,
+            "lease-wait": self._lease.get("wait"),
+            "lease-ttl": self._lease.get("ttl"),
             "base": os.getcwd(),
         })
 
