@@ -206,11 +206,52 @@ mod tests {
         for (workers, says) in [
             (vec![], "no worker listed"),
             (vec!["127.0.0.1:7400"], "'127.0.0.1:7400'"),
-            (vec!["https://w:7400"], "TLS is not built yet"),
+            (
+                vec!["ftp://w:7400"],
+                "http://host:port or https://host:port",
+            ),
             (vec!["not a url"], "is not a URL"),
         ] {
             let e = cfg(&workers).urls().unwrap_err().to_string();
             assert!(e.starts_with("cluster.workers: "), "{e}");
+            assert!(e.contains(says), "{e}");
+        }
+    }
+
+    /// https workers need the CA; the CA needs https workers; one cluster speaks one.
+    #[test]
+    fn tls_settings_are_checked_naming_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\nnot checked here\n").unwrap();
+        let not_pem = dir.path().join("ca.txt");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let with = |workers: &[&str], ca: Option<&std::path::Path>, domain: Option<&str>| {
+            let mut c = cfg(workers);
+            c.tls_ca = ca.map(|p| p.display().to_string());
+            c.tls_domain = domain.map(String::from);
+            c.tls().map(|t| t.is_some()).map_err(|e| e.to_string())
+        };
+        assert_eq!(with(&["http://w:1"], None, None), Ok(false));
+        assert_eq!(
+            with(&["https://w:1"], Some(&ca), Some("weir-workers")),
+            Ok(true)
+        );
+        for (got, says) in [
+            (with(&["https://w:1"], None, None), "cluster.tls-ca"),
+            (with(&["http://w:1"], Some(&ca), None), "cluster.tls-ca"),
+            (with(&["http://w:1"], None, Some("w")), "cluster.tls-domain"),
+            (
+                with(&["https://w:1", "http://v:1"], Some(&ca), None),
+                "cluster.workers",
+            ),
+            (with(&["https://w:1"], Some(&not_pem), None), "is not PEM"),
+            (
+                with(&["https://w:1"], Some(&dir.path().join("gone.pem")), None),
+                "cannot read",
+            ),
+        ] {
+            let e = got.unwrap_err();
             assert!(e.contains(says), "{e}");
         }
     }

@@ -60,6 +60,10 @@ pub enum Error {
     #[error(transparent)]
     Core(#[from] weir_core::Error),
 
+    /// A TLS file (`what`: the setting or flag that names it) cannot be used.
+    #[error("{what}: {reason}")]
+    Tls { what: String, reason: String },
+
     /// The worker could not be served.
     #[error("serving the worker on {addr}: {reason}")]
     Serve { addr: String, reason: String },

@@ -24,14 +24,14 @@ fn provider() {
 }
 
 fn read(key: &str, path: &Path) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::Config {
-        key: key.into(),
+    let bytes = std::fs::read(path).map_err(|e| Error::Tls {
+        what: key.into(),
         reason: format!("cannot read {}: {e}", path.display()),
     })?;
     if !bytes.starts_with(b"-----BEGIN") && !String::from_utf8_lossy(&bytes).contains("-----BEGIN")
     {
-        return Err(Error::Config {
-            key: key.into(),
+        return Err(Error::Tls {
+            what: key.into(),
             reason: format!("{} is not PEM (no -----BEGIN line)", path.display()),
         });
     }

@@ -64,7 +64,7 @@ def test_a_session_with_a_cluster_reads_on_the_workers_and_each_row_arrives_once
 def test_a_bad_cluster_setting_is_refused_naming_it(tmp_path):
     frame = (weir.Session(cluster={"workers": ["https://x:1"]}).read_stream.format("json")
              .schema(SCHEMA).load(tmp_path))
-    with pytest.raises(weir.ConfigError, match="cluster.workers.*TLS is not built yet"):
+    with pytest.raises(weir.ConfigError, match="cluster.tls-ca.*CA certificate"):
         frame.write_stream.foreach_batch(lambda b, i: None) \
             .option("checkpointLocation", str(tmp_path / "chk")).start()
     with pytest.raises(weir.ConfigError, match="cluster"):

@@ -263,10 +263,9 @@ fn json_logs_carry_the_query_and_batch_id() {
     );
 }
 
-/// A new process started with `lease-wait` while the old one still holds the checkpoint
-/// waits for it instead of refusing, then goes on from where the old one stopped.
-#[tokio::test]
-async fn a_start_with_lease_wait_takes_over_when_the_holder_stops() {
+/// A query holding its checkpoint (batches of 1.5 s), and a second start of it with
+/// `lease-wait = "60s"`, waiting: the folder, the holder and the waiting start.
+fn a_start_waiting_for_a_holder() -> (tempfile::TempDir, Child, Child) {
     let dir = temp_dir();
     gen_orders(&dir.path().join("in"), 4, 5, 3);
     let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
@@ -279,12 +278,20 @@ async fn a_start_with_lease_wait_takes_over_when_the_holder_stops() {
     .unwrap();
     let old = start(&p, 1500, &[]);
     wait_for(&dir.path().join("chk/offsets/1"));
-    let mut new = Command::new(bin())
+    let new = Command::new(bin())
         .args(["run", next.to_str().unwrap()])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
+    (dir, old, new)
+}
+
+/// A new process started with `lease-wait` while the old one still holds the checkpoint
+/// waits for it instead of refusing, then goes on from where the old one stopped.
+#[tokio::test]
+async fn a_start_with_lease_wait_takes_over_when_the_holder_stops() {
+    let (dir, old, mut new) = a_start_waiting_for_a_holder();
     assert!(
         new.try_wait().unwrap().is_none(),
         "the new process waits while the old one holds the checkpoint"
@@ -306,24 +313,7 @@ async fn a_start_with_lease_wait_takes_over_when_the_holder_stops() {
 /// once and cleanly (exit 0, no batch begun), not with "in use" after the wait.
 #[tokio::test]
 async fn a_sigterm_during_lease_wait_stops_the_waiting_start_cleanly() {
-    let dir = temp_dir();
-    gen_orders(&dir.path().join("in"), 4, 5, 3);
-    let p = pipeline(dir.path(), "[[sink]]\ntype = \"parquet\"\npath = \"out\"\n");
-    let text = std::fs::read_to_string(&p).unwrap();
-    let next = dir.path().join("next.toml");
-    std::fs::write(
-        &next,
-        text.replace("[query]\n", "[query]\nlease-wait = \"60s\"\n"),
-    )
-    .unwrap();
-    let old = start(&p, 1500, &[]);
-    wait_for(&dir.path().join("chk/offsets/1"));
-    let mut new = Command::new(bin())
-        .args(["run", next.to_str().unwrap()])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    let (_dir, old, mut new) = a_start_waiting_for_a_holder();
     assert!(new.try_wait().unwrap().is_none(), "the new process waits");
     let asked = std::time::Instant::now();
     signal(&new, "-TERM");
