@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer as RdBaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
@@ -13,6 +13,9 @@ use crate::PartitionOffsets;
 
 use crate::error::KafkaSourceError;
 use crate::options::{KafkaOptions, Subscribe};
+
+/// The source's consumers: librdkafka's repeated lines held back (see [`crate::quiet`]).
+pub(crate) type BaseConsumer = RdBaseConsumer<crate::quiet::Quiet>;
 
 const META_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -81,7 +84,7 @@ pub(crate) fn consumer(o: &KafkaOptions) -> Result<BaseConsumer, KafkaSourceErro
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false")
         .set("auto.offset.reset", "error");
-    cfg.create()
+    cfg.create_with_context(crate::quiet::Quiet)
         .map_err(|source| unshown(format!("connecting to {}", o.bootstrap_servers), source))
 }
 
@@ -98,12 +101,13 @@ pub(crate) fn group_committer(
     cfg.set("bootstrap.servers", &o.bootstrap_servers)
         .set("group.id", group)
         .set("enable.auto.commit", "false");
-    cfg.create().map_err(|source| {
-        unshown(
-            format!("connecting to {} for group {group}", o.bootstrap_servers),
-            source,
-        )
-    })
+    cfg.create_with_context(crate::quiet::Quiet)
+        .map_err(|source| {
+            unshown(
+                format!("connecting to {} for group {group}", o.bootstrap_servers),
+                source,
+            )
+        })
 }
 
 /// Commits `offsets` (the next offset to read, per partition) to the client's group.

@@ -26,6 +26,7 @@ mod leaf;
 mod marks;
 mod offsets;
 mod options;
+mod quiet;
 mod read;
 mod source;
 mod tombstone;

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::client::BaseConsumer;
 use async_trait::async_trait;
 use bytes::Bytes;
-use rdkafka::consumer::BaseConsumer;
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::prelude::{DataFrame, SessionContext};
 use weir_core::logfile::{parse_line, parse_versioned, render};

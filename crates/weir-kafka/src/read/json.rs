@@ -1,7 +1,7 @@
 //! JSON values: polled into chunks, each chunk decoded (on a second thread while the poll
 //! goes on), bad-record modes and tombstones applied, bad records kept for a dead letter.
 
-use rdkafka::consumer::BaseConsumer;
+use crate::client::BaseConsumer;
 use rdkafka::message::{BorrowedMessage, Message};
 use weir_core::datafusion::arrow::datatypes::SchemaRef;
 use weir_core::datafusion::arrow::record_batch::RecordBatch;

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
+
+use crate::client::BaseConsumer;
 use rdkafka::message::{BorrowedMessage, Headers, Message, Timestamp};
 use rdkafka::{Offset, TopicPartitionList};
 use weir_core::datafusion::arrow::array::{
