@@ -26,7 +26,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::ArrowWriter;
 
 use crate::error::{Error, Result};
-use crate::source::decode::{self, BadRecordMode};
+use crate::source::decode::{self, Malformed};
 use crate::storage::Location;
 
 /// One record that could not be decoded: where it was, the record as text, and why.
@@ -115,28 +115,29 @@ pub fn rows(batch_id: u64, letters: &[Letter]) -> Result<RecordBatch> {
     })
 }
 
-/// The malformed lines of the JSON-lines file `bytes` (shown as `shown`), each with its
-/// line number and error; empty when every line is sound.
-pub(crate) fn json_file_letters(
-    bytes: &Bytes,
-    shown: &str,
-    schema_asked: &SchemaRef,
-) -> Vec<Letter> {
-    let (records, line_of) = decode::json_lines(decode::strip_bom(bytes));
-    let mut out = Vec::new();
-    for (r, line) in records.iter().zip(&line_of) {
-        if let Err(m) = decode::json_each(schema_asked, &[*r], BadRecordMode::FailFast) {
-            out.push(Letter {
-                at: Position::Line {
-                    file: shown.to_string(),
-                    line: *line,
-                },
-                record: String::from_utf8_lossy(r.unwrap_or_default()).into_owned(),
-                error: m.reason,
-            });
-        }
+/// The dead letters of the JSON-lines file `bytes` (shown as `shown`) whose records `bad`
+/// did not decode (the decoder's [`decode::Decoded::bad`]): each with its line number, its
+/// text and the error.
+pub(crate) fn json_file_letters(bytes: &Bytes, shown: &str, bad: &[Malformed]) -> Vec<Letter> {
+    if bad.is_empty() {
+        return Vec::new();
     }
-    out
+    let (records, line_of) = decode::json_lines(decode::strip_bom(bytes));
+    bad.iter()
+        .map(|m| Letter {
+            at: Position::Line {
+                file: shown.to_string(),
+                line: line_of.get(m.index).copied().unwrap_or(0),
+            },
+            record: records
+                .get(m.index)
+                .copied()
+                .flatten()
+                .map(|r| String::from_utf8_lossy(r).into_owned())
+                .unwrap_or_default(),
+            error: m.reason.clone(),
+        })
+        .collect()
 }
 
 /// Where a query's dead letter goes: the folder, and the query whose files they are.
@@ -194,6 +195,16 @@ pub async fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::decode::BadRecordMode;
+
+    /// What the decoder finds bad in the JSON-lines file `bytes`.
+    fn bad_of(bytes: &Bytes, asked: &SchemaRef) -> Vec<Malformed> {
+        let text = decode::strip_bom(bytes);
+        let (records, _) = decode::json_lines(text);
+        decode::json_checked(asked, &records, text, BadRecordMode::DropMalformed)
+            .unwrap()
+            .bad
+    }
 
     #[test]
     fn the_bad_lines_of_a_file_become_dead_letter_rows_with_their_line_and_error() {
@@ -204,7 +215,7 @@ mod tests {
         let bytes = Bytes::from_static(
             b"{\"id\":1,\"x\":1.5}\n\n{\"id\":\"two\"}\n{\"id\":3,\"x\":\"7.25\"}\n{\"id\":4\n",
         );
-        let letters = json_file_letters(&bytes, "in/a.json", &asked);
+        let letters = json_file_letters(&bytes, "in/a.json", &bad_of(&bytes, &asked));
         let rows = rows(7, &letters).unwrap();
         assert_eq!(rows.num_rows(), 3);
         let lines = rows
@@ -220,7 +231,8 @@ mod tests {
             .unwrap();
         assert_eq!(text.value(2), "{\"id\":4");
         assert!(rows.column(3).is_null(0) && rows.column(5).is_null(2));
-        assert!(json_file_letters(&Bytes::from_static(b"{\"id\":1}\n"), "a", &asked).is_empty());
+        let sound = Bytes::from_static(b"{\"id\":1}\n");
+        assert!(json_file_letters(&sound, "a", &bad_of(&sound, &asked)).is_empty());
     }
 
     #[test]

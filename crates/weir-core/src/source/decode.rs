@@ -78,8 +78,24 @@ fn parse_schema(schema: &SchemaRef) -> SchemaRef {
 #[derive(Debug)]
 pub struct Decoded {
     pub batch: RecordBatch,
-    /// Records that did not parse (kept or dropped, by the mode).
-    pub malformed: u64,
+    /// The records that did not parse (kept or dropped, by the mode), in order: each
+    /// one's index among the records, and why (a dead letter is made of them).
+    pub bad: Vec<Malformed>,
+}
+
+impl Decoded {
+    /// Rows that all parsed.
+    pub fn sound(batch: RecordBatch) -> Self {
+        Decoded {
+            batch,
+            bad: Vec::new(),
+        }
+    }
+
+    /// How many records did not parse.
+    pub fn malformed(&self) -> u64 {
+        self.bad.len() as u64
+    }
 }
 
 /// The first bad record in FAILFAST mode: its index among the records, and why.
@@ -167,10 +183,7 @@ pub fn json_checked(
     if let Some(b) = super::flat_json::decode(&parse_schema(schema), records) {
         let batch =
             with_corrupt(b, schema, mode, None).map_err(|reason| Malformed { index: 0, reason })?;
-        return Ok(Decoded {
-            batch,
-            malformed: 0,
-        });
+        return Ok(Decoded::sound(batch));
     }
     json_strict(schema, records, joined, mode)
 }
@@ -204,10 +217,7 @@ pub(crate) fn json_strict(
     if sound && let Ok(b) = json_all(schema, joined, Some(records.len())) {
         let batch =
             with_corrupt(b, schema, mode, None).map_err(|reason| Malformed { index: 0, reason })?;
-        return Ok(Decoded {
-            batch,
-            malformed: 0,
-        });
+        return Ok(Decoded::sound(batch));
     }
     json_each(schema, records, mode)
 }
@@ -223,7 +233,7 @@ pub fn json_each(
     let parse = parse_schema(schema);
     let mut parts = Vec::with_capacity(records.len());
     let mut corrupt: Vec<Option<String>> = Vec::with_capacity(records.len());
-    let mut malformed = 0u64;
+    let mut bad = Vec::new();
     let mut line = Vec::new();
     for (index, r) in records.iter().enumerate() {
         line.clear();
@@ -238,18 +248,21 @@ pub fn json_each(
             }
             Err(reason) => match mode {
                 BadRecordMode::FailFast => return Err(Malformed { index, reason }),
-                BadRecordMode::DropMalformed => malformed += 1,
+                BadRecordMode::DropMalformed => bad.push(Malformed { index, reason }),
                 BadRecordMode::Permissive => {
-                    malformed += 1;
-                    parts.push(null_row(&parse).map_err(|reason| Malformed { index, reason })?);
+                    parts.push(null_row(&parse).map_err(|reason| Malformed {
+                        index,
+                        reason: reason.clone(),
+                    })?);
                     corrupt.push(Some(
                         String::from_utf8_lossy(r.unwrap_or_default()).into_owned(),
                     ));
+                    bad.push(Malformed { index, reason });
                 }
             },
         }
     }
-    finish(&parse, &parts, schema, mode, corrupt, malformed)
+    finish(&parse, &parts, schema, mode, corrupt, bad)
 }
 
 /// One row of nulls.
@@ -318,14 +331,11 @@ pub fn csv(
     if let Ok(b) = all(text, header) {
         let batch =
             with_corrupt(b, schema, mode, None).map_err(|reason| Malformed { index: 0, reason })?;
-        return Ok(Decoded {
-            batch,
-            malformed: 0,
-        });
+        return Ok(Decoded::sound(batch));
     }
     let mut parts = Vec::new();
     let mut corrupt = Vec::new();
-    let mut malformed = 0;
+    let mut bad = Vec::new();
     for (i, (line, record)) in csv_records(text, delimiter).into_iter().enumerate() {
         if (header && i == 0) || record.iter().all(u8::is_ascii_whitespace) {
             continue;
@@ -342,21 +352,24 @@ pub fn csv(
                 if mode == BadRecordMode::FailFast {
                     return Err(Malformed { index, reason });
                 }
-                malformed += 1;
+                bad.push(Malformed { index, reason });
             }
             Err(reason) => match mode {
                 BadRecordMode::FailFast => return Err(Malformed { index, reason }),
-                BadRecordMode::DropMalformed => malformed += 1,
+                BadRecordMode::DropMalformed => bad.push(Malformed { index, reason }),
                 BadRecordMode::Permissive => {
-                    malformed += 1;
-                    parts.push(null_row(&parse).map_err(|reason| Malformed { index, reason })?);
+                    parts.push(null_row(&parse).map_err(|reason| Malformed {
+                        index,
+                        reason: reason.clone(),
+                    })?);
                     let text = String::from_utf8_lossy(record);
                     corrupt.push(Some(text.trim_end_matches(['\r', '\n']).to_string()));
+                    bad.push(Malformed { index, reason });
                 }
             },
         }
     }
-    finish(&parse, &parts, schema, mode, corrupt, malformed)
+    finish(&parse, &parts, schema, mode, corrupt, bad)
 }
 
 /// The records of CSV text as (line the record starts on, its bytes), quoted fields that
@@ -399,7 +412,7 @@ fn finish(
     schema: &SchemaRef,
     mode: BadRecordMode,
     corrupt: Vec<Option<String>>,
-    malformed: u64,
+    bad: Vec<Malformed>,
 ) -> Result<Decoded, Malformed> {
     let batch = concat_batches(parse, parts).map_err(|e| Malformed {
         index: 0,
@@ -407,7 +420,7 @@ fn finish(
     })?;
     let batch = with_corrupt(batch, schema, mode, Some(corrupt))
         .map_err(|reason| Malformed { index: 0, reason })?;
-    Ok(Decoded { batch, malformed })
+    Ok(Decoded { batch, bad })
 }
 
 /// Text without a UTF-8 byte order mark.
@@ -439,9 +452,9 @@ mod tests {
         let err = json_each(&schema(), &recs, BadRecordMode::FailFast).unwrap_err();
         assert_eq!(err.index, 1);
         let d = json_each(&schema(), &recs, BadRecordMode::DropMalformed).unwrap();
-        assert_eq!((d.batch.num_rows(), d.malformed), (3, 1));
+        assert_eq!((d.batch.num_rows(), d.malformed()), (3, 1));
         let d = json_each(&schema(), &recs, BadRecordMode::Permissive).unwrap();
-        assert_eq!((d.batch.num_rows(), d.malformed), (4, 1));
+        assert_eq!((d.batch.num_rows(), d.malformed()), (4, 1));
         let corrupt = d.batch.column(2).as_string::<i32>();
         assert_eq!(corrupt.value(1), r#"{"id":"x"}"#);
         assert!(corrupt.is_null(0));
@@ -560,16 +573,16 @@ mod tests {
         let err = csv(&schema(), text, true, b',', BadRecordMode::FailFast).unwrap_err();
         assert_eq!(err.index, 2);
         let d = csv(&schema(), text, true, b',', BadRecordMode::DropMalformed).unwrap();
-        assert_eq!((d.batch.num_rows(), d.malformed), (2, 1));
+        assert_eq!((d.batch.num_rows(), d.malformed()), (2, 1));
         let d = csv(&schema(), text, true, b',', BadRecordMode::Permissive).unwrap();
-        assert_eq!((d.batch.num_rows(), d.malformed), (3, 1));
+        assert_eq!((d.batch.num_rows(), d.malformed()), (3, 1));
         // A quoted field over three lines is one record; the bad one is on line 5.
         let text = b"id,name\n3,\"multi\nline\nmore\"\nbad,x\n";
         let err = csv(&schema(), text, true, b',', BadRecordMode::FailFast).unwrap_err();
         assert_eq!(err.index + 1, 5, "{err:?}");
         let d = csv(&schema(), text, true, b',', BadRecordMode::Permissive).unwrap();
-        assert_eq!((d.batch.num_rows(), d.malformed), (2, 1));
+        assert_eq!((d.batch.num_rows(), d.malformed()), (2, 1));
         let d = csv(&schema(), text, true, b',', BadRecordMode::DropMalformed).unwrap();
-        assert_eq!((d.batch.num_rows(), d.malformed), (1, 1));
+        assert_eq!((d.batch.num_rows(), d.malformed()), (1, 1));
     }
 }

@@ -123,18 +123,14 @@ impl Chunk {
         let mut bad = Vec::new();
         let mut tombs = std::borrow::Cow::Borrowed(&self.tombs);
         if let Ok(d) = &decoded
-            && d.malformed > 0
+            && !d.bad.is_empty()
             && mode == BadRecordMode::DropMalformed
         {
-            for (i, r) in records.iter().enumerate() {
-                if let Err(m) = decode::json_each(schema, &[*r], BadRecordMode::FailFast) {
-                    bad.push(Bad {
-                        index: i,
-                        record: String::from_utf8_lossy(r.unwrap_or_default()).into_owned(),
-                        error: m.reason,
-                    });
-                }
-            }
+            bad.extend(d.bad.iter().map(|m| Bad {
+                index: m.index,
+                record: String::from_utf8_lossy(records[m.index].unwrap_or_default()).into_owned(),
+                error: m.reason.clone(),
+            }));
             // A tombstone's value (`{}`) is never bad, so it only moves up.
             tombs = std::borrow::Cow::Owned(
                 self.tombs

@@ -76,19 +76,17 @@ pub(super) async fn read_entry(
     if let Some(dead) = dead {
         let (d, letters) = blocking(move || {
             let d = decode_file(bytes.clone(), &shown, &format, &schema, mode)?;
-            let letters = if d.malformed > 0 {
-                dead_letter::json_file_letters(&bytes, &shown, &schema)
-            } else {
-                Vec::new()
-            };
+            let letters = dead_letter::json_file_letters(&bytes, &shown, &d.bad);
             Ok((d, letters))
         })
         .await?;
         dead_letter::write(dead, Some(&name), e.batch_id, &letters).await?;
-        return Ok((d.batch, d.malformed));
+        let n = d.malformed();
+        return Ok((d.batch, n));
     }
     let d = blocking(move || decode_file(bytes, &shown, &format, &schema, mode)).await?;
-    Ok((d.batch, d.malformed))
+    let n = d.malformed();
+    Ok((d.batch, n))
 }
 
 /// Decodes `bytes` (the whole file `shown`) into rows of `schema`.
@@ -101,10 +99,7 @@ pub(super) fn decode_file(
 ) -> Result<Decoded> {
     let out_schema = decode::output_schema(schema, mode);
     if bytes.is_empty() {
-        return Ok(Decoded {
-            batch: RecordBatch::new_empty(out_schema),
-            malformed: 0,
-        });
+        return Ok(Decoded::sound(RecordBatch::new_empty(out_schema)));
     }
     match format {
         FileFormat::Json => {
@@ -155,10 +150,7 @@ pub(super) fn decode_file(
                         reason: e.to_string(),
                     }
                 })?;
-            Ok(Decoded {
-                batch,
-                malformed: 0,
-            })
+            Ok(Decoded::sound(batch))
         }
     }
 }

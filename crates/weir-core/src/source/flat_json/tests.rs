@@ -286,7 +286,7 @@ fn the_one_pass_decoder_agrees_with_the_checked_path() {
         let one_pass = decode(&schema, &records);
         if let Ok(d) = &strict {
             strict_ok += 1;
-            assert_eq!(d.malformed, 0);
+            assert_eq!(d.malformed(), 0);
         }
         if good && strict.is_ok() {
             good_total += 1;
