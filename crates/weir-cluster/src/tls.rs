@@ -28,8 +28,7 @@ fn read(key: &str, path: &Path) -> Result<Vec<u8>> {
         what: key.into(),
         reason: format!("cannot read {}: {e}", path.display()),
     })?;
-    if !bytes.starts_with(b"-----BEGIN") && !String::from_utf8_lossy(&bytes).contains("-----BEGIN")
-    {
+    if !String::from_utf8_lossy(&bytes).contains("-----BEGIN") {
         return Err(Error::Tls {
             what: key.into(),
             reason: format!("{} is not PEM (no -----BEGIN line)", path.display()),
