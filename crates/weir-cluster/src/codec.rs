@@ -4,7 +4,9 @@
 //!
 //! The nodes are the sinks' writes on the workers ([`weir_core::sink::WorkerWrite`]s of
 //! the kinds the binary lists: Parquet parts, Delta data files), the top-one rule's newest row per key ([`TopOnePerKeyExec`], its keys and
-//! order as datafusion-proto's sort expressions) and the sources' scans of a batch's recorded input ([`WorkerScan`]s: the
+//! order as datafusion-proto's sort expressions), a deduplication's state partitions
+//! ([`state_nodes`]: the tag by partition and the deduplication, their settings as JSON)
+//! and the sources' scans of a batch's recorded input ([`WorkerScan`]s: the
 //! files of `sources/<i>/N`, the Kafka ranges of `offsets/N`), of the kinds the binary
 //! lists ([`ScanKind`]). Each goes as its kind's name, the schema it decodes with (as
 //! datafusion-proto's message) and its own description as JSON.
@@ -22,6 +24,7 @@ use datafusion_proto::physical_plan::{
 };
 use datafusion_proto::protobuf;
 use prost::Message;
+use weir_core::engine::state_nodes;
 use weir_core::engine::top_one::TopOnePerKeyExec;
 use weir_core::sink::{PlanNodes, find_write};
 use weir_core::source::leaf::find_scan;
@@ -103,6 +106,11 @@ impl PhysicalExtensionCodec for WeirCodec {
                 Arc::new(schema),
             )));
         }
+        if let [input] = inputs
+            && let Some(state) = state_nodes::decode_node(&node.kind, input, &node.body)?
+        {
+            return Ok(state);
+        }
         if let Some(kind) = self.nodes.writes.iter().find(|k| k.kind == node.kind) {
             let [input] = inputs else {
                 return Err(DataFusionError::Internal(format!(
@@ -157,6 +165,18 @@ impl PhysicalExtensionCodec for WeirCodec {
                 body: String::new(),
                 keys: serialize_physical_sort_exprs(top.keys().to_vec(), self, proto_converter)?,
                 order: serialize_physical_sort_exprs(top.order().to_vec(), self, proto_converter)?,
+            };
+            return proto
+                .encode(buf)
+                .map_err(|e| DataFusionError::Internal(format!("encoding a weir plan node: {e}")));
+        }
+        if let Some((kind, body)) = state_nodes::encode_node(&node)? {
+            let proto = WeirNodeProto {
+                kind: kind.into(),
+                schema: None,
+                body,
+                keys: Vec::new(),
+                order: Vec::new(),
             };
             return proto
                 .encode(buf)

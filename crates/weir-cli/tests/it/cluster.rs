@@ -26,6 +26,8 @@ pub(crate) fn refs(ws: &[Worker]) -> Vec<&Worker> {
 pub(crate) struct Worker {
     child: Child,
     pub(crate) url: String,
+    /// Its log lines so far (warnings, and the state partitions it committed).
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Worker {
@@ -76,9 +78,12 @@ impl Worker {
 
     /// Runs `cmd` (a `weir worker` command) and waits for the address it listens on.
     pub(crate) fn spawn(mut cmd: Command) -> Worker {
-        cmd.env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        cmd.env(
+            "RUST_LOG",
+            "warn,weir_core::engine::stateful::on_workers=info",
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("starting weir worker");
         let stderr = child.stderr.take().unwrap();
         let mut lines = BufReader::new(stderr).lines();
@@ -93,8 +98,19 @@ impl Worker {
             .unwrap_or_else(|| panic!("no address in: {first}"))
             .to_string();
         // Keep draining its stderr so it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Worker { child, url }
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Worker { child, url, log }
+    }
+
+    /// Its log lines so far.
+    pub(crate) fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
     }
 
     /// Three workers on free ports, with `token`.

@@ -1,7 +1,8 @@
 //! Stateful steps with `[cluster]`: the reads and the steps before the first stateful one
-//! run on three `weir worker` processes, the state's partitions on the driver. Every key
-//! passes once through a worker SIGKILLed and restarted mid-run, and a windowed count gives
-//! what one process gives through kills of the driver at its fault points.
+//! run on three `weir worker` processes; a deduplication's state partitions run there too,
+//! an aggregation's on the driver. Every key passes once through a worker SIGKILLed and
+//! restarted mid-run, a deduplication within the watermark and a windowed count give what
+//! an uninterrupted run gives through kills of the driver at its fault points.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -104,6 +105,71 @@ async fn a_dedupe_on_a_cluster_passes_each_key_once_through_a_worker_kill() {
     let op = &reports.last().unwrap()["stateOperators"][0];
     assert_eq!(op["numRowsTotal"], keys.len() as u64, "{op}");
     assert_eq!(op["numStateStoreInstances"], 4, "{op}");
+}
+
+/// A deduplication within the watermark runs its state partitions on the workers: each
+/// partition is loaded and committed by one worker's task every batch, and kills of the
+/// driver around its state commit (after the workers committed version N+1) replay the
+/// batch to the very rows, state and watermark of an uninterrupted run.
+#[tokio::test]
+async fn a_dedupe_within_the_watermark_keeps_its_state_on_the_workers_through_driver_kills() {
+    let ws = Worker::three(None);
+    let transform = r#"[transform]
+with-watermark = { column = "updated_at", delay = "30 seconds" }
+drop-duplicates-within-watermark = ["order_id"]
+"#;
+    let run = |kill: Option<&str>| {
+        let dir = temp_dir();
+        gen_orders(&dir.path().join("in"), 8, 400, 300);
+        let p = stateful_pipeline(dir.path(), &refs(&ws), transform, 2);
+        let (first, second) = (dir.path().join("p1.jsonl"), dir.path().join("p2.jsonl"));
+        match kill {
+            Some(point) => {
+                killed_in_batch_2_then_rerun(&p, point, &first, &second);
+                assert_eq!(progress_batches(&second).first(), Some(&2), "{point}");
+            }
+            None => {
+                run_to_end(&p, &second);
+            }
+        }
+        let last = progress_reports(&second).pop().unwrap();
+        (dir, last)
+    };
+    let (alone, last) = run(None);
+    let want = parquet_rows(&alone.path().join("out"), &COLS).await;
+    let op = &last["stateOperators"][0];
+    assert_eq!(op["operatorName"], "dedupeWithinWatermark", "{op}");
+    assert!(
+        op["numRowsRemoved"].as_u64().unwrap() > 0,
+        "keys expired: {op}"
+    );
+    // Every batch, each of the 4 partitions was committed by a worker, once.
+    let lines: Vec<String> = ws.iter().flat_map(Worker::log_lines).collect();
+    for batch in 0..last["batchId"].as_u64().unwrap() {
+        let mut parts: Vec<u32> = lines
+            .iter()
+            .filter(|l| l.contains(&format!("batch {batch}: state partitions [")))
+            .flat_map(|l| {
+                let list = l.split('[').nth(1).unwrap().split(']').next().unwrap();
+                list.split(", ")
+                    .filter(|p| !p.is_empty())
+                    .map(|p| p.parse::<u32>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        parts.sort_unstable();
+        assert_eq!(parts, [0, 1, 2, 3], "batch {batch}: {lines:?}");
+    }
+    let keys = want.len();
+    for point in [AFTER_USER_FN, BEFORE_STATE_COMMIT, AFTER_STATE_COMMIT] {
+        let (dir, again) = run(Some(point));
+        let got = parquet_rows(&dir.path().join("out"), &COLS).await;
+        assert_eq!(got, want, "{point}: the rows of an uninterrupted run");
+        let op2 = &again["stateOperators"][0];
+        assert_eq!(op2["numRowsTotal"], op["numRowsTotal"], "{point}: {op2}");
+        assert_eq!(again["eventTime"], last["eventTime"], "{point}");
+        assert_eq!(got.len(), keys);
+    }
 }
 
 /// A windowed count and max (order-free aggregates) on the cluster, the driver killed in

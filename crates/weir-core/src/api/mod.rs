@@ -147,6 +147,7 @@ impl WeirSession {
         let planner = Arc::new(crate::engine::WeirQueryPlanner);
         let builder = builder
             .with_physical_optimizer_rule(Arc::new(crate::engine::top_one::TopOnePerKey))
+            .with_physical_optimizer_rule(Arc::new(crate::engine::state_nodes::StateShuffle))
             .with_query_planner(planner);
         let state = match &self.cluster {
             // weir's planner goes in first: the distributed planner wraps the one it finds,

@@ -13,7 +13,7 @@ use datafusion::prelude::{DataFrame, SessionContext};
 use futures::FutureExt;
 use tokio::sync::Mutex;
 
-use super::cluster::{Cluster, OnCluster, WorkerTasks, run_and_hold};
+use super::cluster::{Cluster, OnCluster, WorkerTasks, hold, run_and_hold, run_on_cluster};
 use super::kept_plan::{SqlPlan, deal};
 use super::stateful::{
     EventTime, EventTimeStats, Operator, StateSettings, check_no_operator_removed,
@@ -141,31 +141,23 @@ async fn partitions_of(table: &MemTable) -> Vec<Vec<RecordBatch>> {
     parts
 }
 
+fn is_dedupe(t: &Transform) -> bool {
+    matches!(
+        t,
+        Transform::DropDuplicates(_) | Transform::DropDuplicatesWithinWatermark(_)
+    )
+}
+
 /// The workers' rows come back in an order that depends on how the tasks ran (which
 /// worker, how many, how their streams interleaved); the stateful steps get them sorted by
 /// every column that has an order (ascending, NULLs first), so every run and every retry of
 /// a batch passes the same row of a key and keeps the same event time in the state.
 fn in_fixed_order(df: DataFrame) -> Result<DataFrame> {
-    use datafusion::arrow::datatypes::DataType;
-    let orderable = |t: &DataType| {
-        t.is_primitive()
-            || matches!(
-                t,
-                DataType::Boolean
-                    | DataType::Utf8
-                    | DataType::LargeUtf8
-                    | DataType::Utf8View
-                    | DataType::Binary
-                    | DataType::LargeBinary
-                    | DataType::BinaryView
-                    | DataType::FixedSizeBinary(_)
-            )
-    };
     let by: Vec<datafusion::logical_expr::SortExpr> = df
         .schema()
         .fields()
         .iter()
-        .filter(|f| orderable(f.data_type()))
+        .filter(|f| super::stateful::on_workers::orderable(f.data_type()))
         .map(|f| datafusion::prelude::ident(f.name()).sort(true, true))
         .collect();
     if by.is_empty() {
@@ -291,12 +283,46 @@ impl Steps {
             }
         };
         let mut stateful = 0;
-        for t in &self.transforms {
+        let mut skip = 0;
+        for (i, t) in self.transforms.iter().enumerate() {
+            if i < skip {
+                continue;
+            }
             let keeps_state = !matches!(t, Transform::Fn(_) | Transform::Sql(_));
             if let (true, Some(c), true) = (keeps_state, cluster, on_cluster.is_none()) {
-                let (held, read, workers) = run_and_hold(c, ctx, df, batch_id).await?;
-                df = in_fixed_order(held)?;
-                on_cluster = Some((read, workers));
+                // A deduplication (after the watermark, or first) runs its state partitions
+                // on the workers; anything else stateful runs here on the workers' rows.
+                let next = self.transforms.get(i + 1);
+                let on_workers = match (t, next) {
+                    (Transform::Watermark { column, .. }, Some(n)) if is_dedupe(n) => {
+                        Some((Some(column.as_str()), i + 1))
+                    }
+                    (t, _) if is_dedupe(t) => Some((None, i)),
+                    _ => None,
+                };
+                let mut ops = self.stateful.lock().await;
+                match (on_workers, ops.get_mut(stateful)) {
+                    (Some((observe, at)), Some(op)) if op.runs_on_workers() => {
+                        let schema = df.schema().inner().clone();
+                        let plan = op.plan_on_workers(df, batch_id, event, observe).await?;
+                        let run = run_on_cluster(c, plan, batch_id).await?;
+                        let (rows, seen) = op.ran_on_workers(run.batches, &schema)?;
+                        if observe.is_some() {
+                            event_times = seen;
+                        }
+                        df = in_fixed_order(hold(ctx, schema, rows)?)?;
+                        on_cluster = Some((run.input_rows, run.workers));
+                        stateful += 1;
+                        skip = at + 1;
+                        continue;
+                    }
+                    _ => {
+                        drop(ops);
+                        let (held, read, workers) = run_and_hold(c, ctx, df, batch_id).await?;
+                        df = in_fixed_order(held)?;
+                        on_cluster = Some((read, workers));
+                    }
+                }
             }
             df = match t {
                 Transform::DropDuplicates(_)

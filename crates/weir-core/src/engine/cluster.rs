@@ -124,12 +124,20 @@ pub(crate) async fn run_and_hold(
     batch_id: u64,
 ) -> Result<(DataFrame, u64, Vec<WorkerTasks>)> {
     let run = run_on_cluster(cluster, df.clone(), batch_id).await?;
-    let held = MemTable::try_new(df.schema().inner().clone(), vec![run.batches])
-        .map_err(|e| Error::datafusion("holding the cluster's rows", e))?;
-    let df = ctx
-        .read_table(Arc::new(held))
-        .map_err(|e| Error::datafusion("reading the held batch", e))?;
+    let df = hold(ctx, df.schema().inner().clone(), run.batches)?;
     Ok((df, run.input_rows, run.workers))
+}
+
+/// The cluster's rows `batches` (of `schema`) held in this process, as a frame.
+pub(crate) fn hold(
+    ctx: &SessionContext,
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<DataFrame> {
+    let held = MemTable::try_new(schema, vec![batches])
+        .map_err(|e| Error::datafusion("holding the cluster's rows", e))?;
+    ctx.read_table(Arc::new(held))
+        .map_err(|e| Error::datafusion("reading the held batch", e))
 }
 
 /// Runs a batch's plan on `cluster`: each attempt checks the workers first; a failed

@@ -27,6 +27,14 @@ pub use retry::RetryPolicy;
 pub use start::PIN_TARGET_PARTITIONS;
 pub(crate) use start::{StartRequest, start};
 pub use stateful::{Aggregation, DEFAULT_STATE_PARTITIONS, OutputMode};
+/// The plan nodes of a deduplication whose state partitions run on a cluster's workers,
+/// for the cluster's codec.
+pub mod state_nodes {
+    pub use super::stateful::on_workers::{
+        DEDUPE_KIND, DedupeStateExec, PartitionTagExec, StateShuffle, TAG_KIND, decode_node,
+        encode_node,
+    };
+}
 pub(crate) use transform::check_transforms;
 pub use transform::{BATCH_VIEW, Transform, TransformOutput, check_steps, sql_over_batch};
 pub use trigger::{Trigger, parse_duration};

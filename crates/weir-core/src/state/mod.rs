@@ -64,6 +64,16 @@ impl StateConf {
             retain,
         })
     }
+
+    /// Versions between snapshots.
+    pub fn snapshot_every(&self) -> u64 {
+        self.snapshot_every
+    }
+
+    /// Versions kept loadable.
+    pub fn retain(&self) -> u64 {
+        self.retain
+    }
 }
 
 impl Default for StateConf {
@@ -115,6 +125,14 @@ impl StateStore {
             self.files = Some(Files::from_names(names.iter().map(String::as_str)));
         }
         Ok(self.files.as_ref().map_or(0, Files::newest))
+    }
+
+    /// Lists the store's files again, keeping the version held: another process may have
+    /// written versions since this one listed them (a store kept by a worker between the
+    /// batches it ran, while another worker ran one of its partition's batches).
+    pub async fn relist(&mut self) -> Result<u64> {
+        self.files = None;
+        self.newest_version().await
     }
 
     /// Makes the store hold `version`, dropping changes not committed. A store that holds

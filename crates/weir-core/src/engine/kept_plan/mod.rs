@@ -311,6 +311,7 @@ impl QueryPlanner for WeirQueryPlanner {
         DefaultPhysicalPlanner::with_extension_planners(vec![
             Arc::new(KeptPlanPlanner),
             Arc::new(crate::sink::WritePlanner),
+            Arc::new(super::stateful::on_workers::StatePlanner),
         ])
         .create_physical_plan(logical_plan, session)
         .await

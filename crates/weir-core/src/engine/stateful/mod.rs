@@ -23,8 +23,12 @@
 //! differs from it is refused.
 
 mod aggregate;
+mod dedupe;
 mod keys;
+pub(crate) mod on_workers;
 mod watermark;
+
+pub(crate) use dedupe::{Dedupe, DedupeMode};
 
 pub use aggregate::{Aggregation, OutputMode};
 pub(crate) use watermark::{
@@ -35,8 +39,6 @@ pub(crate) use watermark::{
 use std::sync::Arc;
 use std::time::Instant;
 
-use datafusion::arrow::array::{ArrayRef, BooleanArray};
-use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::datasource::MemTable;
@@ -44,11 +46,11 @@ use datafusion::prelude::{DataFrame, SessionContext};
 
 use crate::error::{Error, Result};
 use crate::state::partitioned::check_partitions;
-use crate::state::{OperatorMetadata, PartitionedStore, StateConf, partition_of, write_line_once};
+use crate::state::{OperatorMetadata, PartitionedStore, StateConf, write_line_once};
 
 use crate::storage::Location;
 
-use keys::{encode_value, family};
+use keys::family;
 
 /// Rows of a record batch (or keys in the state, for evictions) from which a deduplication
 /// works on several threads, one per group of partitions; fewer are not worth the threads.
@@ -101,8 +103,59 @@ impl Operator {
         }
     }
 
+    /// Whether the operator's state partitions can run on a cluster's workers (a
+    /// deduplication; an aggregation runs its partitions on the driver).
+    pub(crate) fn runs_on_workers(&self) -> bool {
+        matches!(self, Operator::Dedupe(_))
+    }
+
+    /// Batch `batch_id`'s rows `df` with the operator on top, to run on the workers (see
+    /// [`on_workers`]); `observe`: the watermark's column when its step comes right before.
+    pub(crate) async fn plan_on_workers(
+        &mut self,
+        df: DataFrame,
+        batch_id: u64,
+        event: Option<&EventTime>,
+        observe: Option<&str>,
+    ) -> Result<DataFrame> {
+        match self {
+            Operator::Dedupe(d) => d.plan_on_workers(df, batch_id, event, observe).await,
+            Operator::Aggregate(_) => Err(Error::Internal {
+                what: "an aggregation's partitions do not run on workers".into(),
+            }),
+        }
+    }
+
+    /// The rows the workers passed (of `schema`) out of the output of
+    /// [`Self::plan_on_workers`]'s plan, and the event times they saw.
+    pub(crate) fn ran_on_workers(
+        &mut self,
+        out: Vec<RecordBatch>,
+        schema: &SchemaRef,
+    ) -> Result<(Vec<RecordBatch>, EventTimeStats)> {
+        match self {
+            Operator::Dedupe(d) => d.ran_on_workers(out, schema),
+            Operator::Aggregate(_) => Err(Error::Internal {
+                what: "an aggregation's partitions do not run on workers".into(),
+            }),
+        }
+    }
+
     /// Commits the batch's updates as the next version; its progress entry (Spark's fields).
     pub(crate) async fn commit(&mut self) -> Result<serde_json::Value> {
+        if let Operator::Dedupe(d) = self
+            && let Some(ran) = d.on_workers.take()
+        {
+            // The workers committed each partition as they ran it.
+            let parts = d.op.store.partitions();
+            return Ok(progress_entry(
+                &d.metrics,
+                ran.rows_total,
+                ran.memory_bytes,
+                ran.commit_ms,
+                parts,
+            ));
+        }
         let (state, m) = match self {
             Operator::Dedupe(d) => (&mut d.op, d.metrics.clone()),
             Operator::Aggregate(a) => (&mut a.op, a.metrics.clone()),
@@ -110,20 +163,15 @@ impl Operator {
         let started = Instant::now();
         state.store.commit().await?;
         let commit_ms = started.elapsed().as_millis() as u64;
-        Ok(serde_json::json!({
-            "operatorName": m.name,
-            "numRowsTotal": state.store.len(),
-            "numRowsUpdated": m.updated,
-            "allUpdatesTimeMs": m.update_ms,
-            "numRowsRemoved": m.removed,
-            "allRemovalsTimeMs": m.remove_ms,
-            "commitTimeMs": commit_ms,
-            "memoryUsedBytes": state.store.memory_bytes(),
-            "numRowsDroppedByWatermark": m.dropped_late,
-            "numShufflePartitions": state.store.partitions(),
-            "numStateStoreInstances": state.store.partitions(),
-            "customMetrics": {}
-        }))
+        let total = state.store.len() as u64;
+        let memory = state.store.memory_bytes() as u64;
+        Ok(progress_entry(
+            &m,
+            total,
+            memory,
+            commit_ms,
+            state.store.partitions(),
+        ))
     }
 
     /// Whether the operator evicts (or closes) by the watermark, so that a batch without
@@ -142,6 +190,31 @@ impl Operator {
             Operator::Aggregate(a) => a.op.store.purge().await,
         }
     }
+}
+
+/// An operator's progress entry (Spark's fields): what it did (`m`), the keys and memory
+/// its state holds after the commit, and the commit's time.
+fn progress_entry(
+    m: &OperatorMetrics,
+    total: u64,
+    memory: u64,
+    commit_ms: u64,
+    partitions: u32,
+) -> serde_json::Value {
+    serde_json::json!({
+        "operatorName": m.name,
+        "numRowsTotal": total,
+        "numRowsUpdated": m.updated,
+        "allUpdatesTimeMs": m.update_ms,
+        "numRowsRemoved": m.removed,
+        "allRemovalsTimeMs": m.remove_ms,
+        "commitTimeMs": commit_ms,
+        "memoryUsedBytes": memory,
+        "numRowsDroppedByWatermark": m.dropped_late,
+        "numShufflePartitions": partitions,
+        "numStateStoreInstances": partitions,
+        "customMetrics": {}
+    })
 }
 
 /// Refuses operator `operator` named `name` where the checkpoint's state (its metadata,
@@ -233,6 +306,9 @@ pub(crate) struct OperatorState {
     /// Whether the metadata was checked by this process (and the store made with the
     /// number of partitions the state has).
     checked: bool,
+    /// Whether the partitions' versions were checked by this process for a run on the
+    /// workers (which load them there).
+    versions_checked: bool,
 }
 
 impl OperatorState {
@@ -246,6 +322,7 @@ impl OperatorState {
             // Made again by `Operator::check_place` with the partitions the state has.
             store: PartitionedStore::new(&dir, 1, settings.conf),
             checked: false,
+            versions_checked: false,
         }
     }
 
@@ -300,7 +377,8 @@ impl OperatorState {
 
     /// Checks (once per process) and records what the state is written with: Spark's
     /// operator metadata, and what `description` gives as `_metadata/<file>`; then loads
-    /// version `batch_id`. `key` is the setting errors name.
+    /// version `batch_id` (unless not `load`: the workers load it, and its partitions'
+    /// versions are checked here once). `key` is the setting errors name.
     async fn prepare(
         &mut self,
         batch_id: u64,
@@ -308,13 +386,18 @@ impl OperatorState {
         file: &str,
         description: impl FnOnce() -> String,
         key: &str,
+        load: bool,
     ) -> Result<()> {
         if !self.checked {
             self.check_metadata(batch_id, name, file, description(), key)
                 .await?;
             self.checked = true;
         }
-        if self.store.version().is_none() {
+        let check = match load {
+            true => self.store.version().is_none(),
+            false => !std::mem::replace(&mut self.versions_checked, true),
+        };
+        if check {
             let versions = self.store.newest_versions().await?;
             let newest = versions.iter().copied().min().unwrap_or(0);
             let highest = versions.iter().copied().max().unwrap_or(0);
@@ -347,7 +430,10 @@ impl OperatorState {
                 ));
             }
         }
-        self.store.load(batch_id).await
+        match load {
+            true => self.store.load(batch_id).await,
+            false => Ok(()),
+        }
     }
 
     async fn check_metadata(
@@ -409,180 +495,6 @@ impl OperatorMetrics {
             name,
             ..Default::default()
         }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum DedupeMode {
-    /// `drop_duplicates`: state keyed by the keys (evicted by the watermark only if the
-    /// event-time column is a key).
-    Plain,
-    /// `drop_duplicates_within_watermark`: each key until event time + delay.
-    WithinWatermark,
-}
-
-impl DedupeMode {
-    pub(crate) fn key(self) -> &'static str {
-        match self {
-            DedupeMode::Plain => "transform.drop-duplicates",
-            DedupeMode::WithinWatermark => "transform.drop-duplicates-within-watermark",
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            DedupeMode::Plain => "dedupe",
-            DedupeMode::WithinWatermark => "dedupeWithinWatermark",
-        }
-    }
-}
-
-/// One `drop_duplicates` or `drop_duplicates_within_watermark` of a query.
-pub(crate) struct Dedupe {
-    op: OperatorState,
-    keys: Vec<String>,
-    mode: DedupeMode,
-    metrics: OperatorMetrics,
-}
-
-impl Dedupe {
-    fn new(op: OperatorState, keys: Vec<String>, mode: DedupeMode) -> Self {
-        Dedupe {
-            op,
-            keys,
-            mode,
-            metrics: OperatorMetrics::new(mode.name()),
-        }
-    }
-
-    /// The rows of `df` whose keys were not seen before (batch `batch_id`).
-    async fn apply(
-        &mut self,
-        ctx: &SessionContext,
-        df: DataFrame,
-        batch_id: u64,
-        event: Option<&EventTime>,
-    ) -> Result<DataFrame> {
-        let key = self.mode.key();
-        let schema = Arc::new(df.schema().as_arrow().clone());
-        let columns = key_columns(&schema, &self.keys, key)?;
-        let families = key_families(&schema, &columns, key)?;
-        let keys_json = || serde_json::Value::from(columns_json(&self.keys, &families)).to_string();
-        self.op
-            .prepare(batch_id, self.mode.name(), "keys", keys_json, key)
-            .await?;
-        let event = match event {
-            Some(e) => e.index_in(&schema)?.map(|i| (e, i)),
-            None => None,
-        };
-        if self.mode == DedupeMode::WithinWatermark && event.is_none() {
-            return Err(Error::config(
-                key,
-                "drop_duplicates_within_watermark needs a watermark: put with_watermark \
-                 (`transform.with-watermark`) before it, on a column that reaches it",
-            ));
-        }
-        // The event time is kept with a key if it can evict it.
-        let keep_time = match (self.mode, event) {
-            (DedupeMode::WithinWatermark, _) => true,
-            (DedupeMode::Plain, Some((_, i))) => columns.contains(&i),
-            (DedupeMode::Plain, None) => false,
-        };
-        let delay_us = event.map_or(0, |(e, _)| e.delay_ms.saturating_mul(1000));
-        let batches = collect_in_order(df, batch_id, key).await?;
-        let started = Instant::now();
-        self.metrics = OperatorMetrics::new(self.mode.name());
-        let parts = self.op.store.partitions();
-        let mode = self.mode;
-        // What a new key keeps: nothing, its event time, or the time it expires.
-        let value_of = |time: Option<i64>| match (keep_time, mode, time) {
-            (false, _, _) | (true, DedupeMode::Plain, None) => Vec::new(),
-            (true, DedupeMode::Plain, Some(t)) => t.to_le_bytes().to_vec(),
-            // Spark reads a NULL event time as 0 here.
-            (true, DedupeMode::WithinWatermark, t) => t
-                .unwrap_or(0)
-                .saturating_add(delay_us)
-                .to_le_bytes()
-                .to_vec(),
-        };
-        let mut kept = Vec::with_capacity(batches.len());
-        for batch in batches {
-            let rows = batch.num_rows();
-            let cols: Vec<&ArrayRef> = columns.iter().map(|i| batch.column(*i)).collect();
-            let times = match event {
-                Some((_, i)) => Some(watermark::micros(batch.column(i))?),
-                None => None,
-            };
-            let time_of = |row: usize| times.as_ref().and_then(|t| t[row]);
-            // Each row's key, encoded, and the rows of each partition in batch order; late
-            // rows are dropped first.
-            let mut keys = Vec::new();
-            let mut ends = Vec::with_capacity(rows);
-            let mut by_part: Vec<Vec<u32>> = vec![Vec::new(); parts as usize];
-            for row in 0..rows {
-                if let (Some((e, _)), Some(t)) = (event, time_of(row))
-                    && e.late(t)
-                {
-                    self.metrics.dropped_late += 1;
-                    ends.push(keys.len());
-                    continue;
-                }
-                let start = keys.len();
-                for c in &cols {
-                    encode_value(&mut keys, c, row);
-                }
-                ends.push(keys.len());
-                by_part[partition_of(&keys[start..], parts)].push(row as u32);
-            }
-            let key_of = |row: usize| &keys[row.checked_sub(1).map_or(0, |r| ends[r])..ends[row]];
-            // A row passes if its key is new: the first of its key in the partition's rows,
-            // which are in batch order, and not in the state.
-            let new_rows = self.op.store.each_part(rows >= PARALLEL_ROWS, |p, store| {
-                let mut new = Vec::new();
-                for &row in &by_part[p] {
-                    let key = key_of(row as usize);
-                    if store.get(key).is_none() {
-                        store.put(key.to_vec(), value_of(time_of(row as usize)));
-                        new.push(row);
-                    }
-                }
-                new
-            });
-            let mut mask = vec![false; rows];
-            for row in new_rows.into_iter().flatten() {
-                mask[row as usize] = true;
-                self.metrics.updated += 1;
-            }
-            let filtered = filter_record_batch(&batch, &BooleanArray::from(mask))
-                .map_err(|e| Error::datafusion(key, e.into()))?;
-            if filtered.num_rows() > 0 {
-                kept.push(filtered);
-            }
-        }
-        self.metrics.update_ms = started.elapsed().as_millis() as u64;
-        if let (Some((e, _)), true) = (event, keep_time) {
-            // Evict what the batch's watermark passed (the time, or the expiry, kept with
-            // the key; keys kept without a time stay), each partition by itself.
-            let started = Instant::now();
-            let many = self.op.store.len() >= PARALLEL_ROWS;
-            let removed = self.op.store.each_part(many, |_, store| {
-                let gone: Vec<Vec<u8>> = store
-                    .iter()
-                    .filter(|(_, v)| {
-                        <[u8; 8]>::try_from(*v).is_ok_and(|b| e.passed(i64::from_le_bytes(b)))
-                    })
-                    .map(|(k, _)| k.to_vec())
-                    .collect();
-                let n = gone.len() as u64;
-                for k in gone {
-                    store.remove(k);
-                }
-                n
-            });
-            self.metrics.removed = removed.into_iter().sum();
-            self.metrics.remove_ms = started.elapsed().as_millis() as u64;
-        }
-        frame(ctx, schema, vec![kept], key)
     }
 }
 

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 pub(crate) const KEY: &str = "transform.with-watermark";
 
 /// The watermark a batch runs with, for the stateful operators after the step.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct EventTime {
     /// The event-time column (a timestamp).
     pub column: String,
@@ -94,13 +94,7 @@ pub(crate) async fn observe(
     column: &str,
 ) -> Result<(DataFrame, EventTimeStats)> {
     let schema = df.schema().inner().clone();
-    let i = schema.index_of(column).map_err(|_| {
-        Error::config(
-            KEY,
-            format!("no column `{column}` in the batch at the watermark"),
-        )
-    })?;
-    check_type(column, schema.field(i).data_type())?;
+    let i = column_index(&schema, column)?;
     let parts = super::collect_partitions(df, "the watermark").await?;
     let mut stats = EventTimeStats::default();
     for p in &parts {
@@ -109,8 +103,20 @@ pub(crate) async fn observe(
     Ok((super::frame(ctx, schema, parts, KEY)?, stats))
 }
 
+/// The index of the watermark's column `column` in `schema`, checked to be a timestamp.
+pub(crate) fn column_index(schema: &Schema, column: &str) -> Result<usize> {
+    let i = schema.index_of(column).map_err(|_| {
+        Error::config(
+            KEY,
+            format!("no column `{column}` in the batch at the watermark"),
+        )
+    })?;
+    check_type(column, schema.field(i).data_type())?;
+    Ok(i)
+}
+
 /// The event times of one batch, in ms (Spark's `EventTimeStats`).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct EventTimeStats {
     min: i64,
     max: i64,
@@ -136,6 +142,21 @@ impl EventTimeStats {
             }
         }
         Ok(())
+    }
+
+    /// Adds what `other` saw (the event times of another task of the same batch).
+    pub(crate) fn merge(&mut self, other: &EventTimeStats) {
+        if other.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            *self = other.clone();
+            return;
+        }
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        self.sum += other.sum;
+        self.count += other.count;
     }
 
     /// The watermark after a batch that ran with `current` and saw these event times.

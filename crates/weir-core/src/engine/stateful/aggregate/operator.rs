@@ -176,7 +176,14 @@ impl Aggregate {
             .to_string()
         };
         self.op
-            .prepare(batch_id, OPERATOR_NAME, "aggregation", description, KEY)
+            .prepare(
+                batch_id,
+                OPERATOR_NAME,
+                "aggregation",
+                description,
+                KEY,
+                true,
+            )
             .await?;
         let sketch = self.sketch(batch_id).await?;
         self.metrics = OperatorMetrics::new(OPERATOR_NAME);

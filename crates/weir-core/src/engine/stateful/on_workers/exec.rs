@@ -1,0 +1,438 @@
+//! The two plan nodes of a deduplication on the workers and one task's work (see the
+//! parent module).
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Instant;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, BooleanArray, RecordBatch, StringArray, UInt32Array, new_null_array,
+};
+use datafusion::arrow::compute::{
+    SortColumn, SortOptions, concat_batches, filter_record_batch, lexsort_to_indices,
+    take_record_batch,
+};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result as DfResult};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+
+use super::super::dedupe::{encode_keys, evict_passed, pass_new};
+use super::super::keys::encode_value;
+use super::{DedupeSpec, Meta, out_schema, tag_schema};
+use crate::error::{Error, Result};
+use crate::state::{StateConf, StateStore, partition_of};
+use crate::storage::{Location, StorageOptions};
+
+fn props(schema: SchemaRef, partitions: usize, emission: EmissionType) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        Partitioning::UnknownPartitioning(partitions),
+        emission,
+        Boundedness::Bounded,
+    ))
+}
+
+/// Tags each row with its key's state partition, and sends one marker row per partition
+/// from its first partition.
+#[derive(Debug)]
+pub struct PartitionTagExec {
+    input: Arc<dyn ExecutionPlan>,
+    pub(super) keys: Vec<usize>,
+    pub(super) partitions: u32,
+    cache: Arc<PlanProperties>,
+}
+
+/// [`PartitionTagExec`]'s description on the wire.
+#[derive(Serialize, Deserialize)]
+pub(super) struct TagBody {
+    pub(super) keys: Vec<usize>,
+    pub(super) partitions: u32,
+}
+
+impl PartitionTagExec {
+    pub(super) fn new(input: Arc<dyn ExecutionPlan>, keys: Vec<usize>, partitions: u32) -> Self {
+        let schema = tag_schema(&input.schema());
+        let n = input.output_partitioning().partition_count();
+        PartitionTagExec {
+            input,
+            keys,
+            partitions: partitions.max(1),
+            cache: props(schema, n, EmissionType::Incremental),
+        }
+    }
+}
+
+impl DisplayAs for PartitionTagExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "PartitionTagExec: keys={:?}, partitions={}",
+            self.keys, self.partitions
+        )
+    }
+}
+
+/// The rows of `batch` with their partition tags (`tags`) and markers (`marks`).
+fn with_tags(
+    schema: &SchemaRef,
+    batch: &RecordBatch,
+    tags: Vec<u32>,
+    mark: bool,
+) -> DfResult<RecordBatch> {
+    let n = tags.len();
+    let mut cols = batch.columns().to_vec();
+    cols.push(Arc::new(UInt32Array::from(tags)));
+    cols.push(Arc::new(BooleanArray::from(vec![mark; n])));
+    Ok(RecordBatch::try_new(Arc::clone(schema), cols)?)
+}
+
+fn tag(
+    schema: &SchemaRef,
+    batch: &RecordBatch,
+    keys: &[usize],
+    parts: u32,
+) -> DfResult<RecordBatch> {
+    let cols: Vec<&ArrayRef> = keys.iter().map(|i| batch.column(*i)).collect();
+    let mut key = Vec::new();
+    let tags = (0..batch.num_rows())
+        .map(|row| {
+            key.clear();
+            for c in &cols {
+                encode_value(&mut key, c, row);
+            }
+            partition_of(&key, parts) as u32
+        })
+        .collect();
+    with_tags(schema, batch, tags, false)
+}
+
+/// One marker row per partition: data columns NULL.
+fn markers(schema: &SchemaRef, parts: u32) -> DfResult<RecordBatch> {
+    let n = parts as usize;
+    let data: Vec<ArrayRef> = schema.fields()[..schema.fields().len() - 2]
+        .iter()
+        .map(|f| new_null_array(f.data_type(), n))
+        .collect();
+    let fields = schema.fields()[..data.len()].to_vec();
+    let empty = RecordBatch::try_new(Arc::new(Schema::new(fields)), data)?;
+    with_tags(schema, &empty, (0..parts).collect(), true)
+}
+
+impl ExecutionPlan for PartitionTagExec {
+    fn name(&self) -> &str {
+        "PartitionTagExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children)
+            .map_err(|_| DataFusionError::Internal("PartitionTagExec takes one input".into()))?;
+        Ok(Arc::new(PartitionTagExec::new(
+            input,
+            self.keys.clone(),
+            self.partitions,
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let schema = self.schema();
+        let (keys, parts) = (self.keys.clone(), self.partitions);
+        let s = Arc::clone(&schema);
+        let tagged = input.map(move |b| b.and_then(|b| tag(&s, &b, &keys, parts)));
+        let stream = match partition {
+            0 => futures::stream::once(futures::future::ready(markers(&schema, parts)))
+                .chain(tagged)
+                .boxed(),
+            _ => tagged.boxed(),
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// Deduplicates the rows of the state partitions whose tags reach it, loading and
+/// committing each partition's state.
+#[derive(Debug)]
+pub struct DedupeStateExec {
+    pub(super) input: Arc<dyn ExecutionPlan>,
+    pub(super) spec: Arc<DedupeSpec>,
+    cache: Arc<PlanProperties>,
+}
+
+impl DedupeStateExec {
+    pub(super) fn new(input: Arc<dyn ExecutionPlan>, spec: Arc<DedupeSpec>) -> Self {
+        let fields = input.schema().fields().len();
+        let data = Schema::new(input.schema().fields()[..fields.saturating_sub(2)].to_vec());
+        let n = input.output_partitioning().partition_count();
+        DedupeStateExec {
+            input,
+            spec,
+            cache: props(out_schema(&data), n, EmissionType::Final),
+        }
+    }
+}
+
+impl DisplayAs for DedupeStateExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "DedupeStateExec: operator={}, batch={}, keys={:?}, partitions={}",
+            self.spec.operator, self.spec.batch_id, self.spec.keys, self.spec.partitions
+        )
+    }
+}
+
+impl ExecutionPlan for DedupeStateExec {
+    fn name(&self) -> &str {
+        "DedupeStateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children)
+            .map_err(|_| DataFusionError::Internal("DedupeStateExec takes one input".into()))?;
+        Ok(Arc::new(DedupeStateExec::new(
+            input,
+            Arc::clone(&self.spec),
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let spec = Arc::clone(&self.spec);
+        let (in_schema, out) = (self.input.schema(), self.schema());
+        let out2 = Arc::clone(&out);
+        let fut = async move {
+            let batches: Vec<RecordBatch> = input.try_collect().await?;
+            let all = concat_batches(&in_schema, &batches)?;
+            let (rows, meta) = run(&spec, all).await.map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "batch {}: deduplication (stateful operator {}) on a worker: {}",
+                    spec.batch_id,
+                    spec.operator,
+                    crate::error::error_chain(&e)
+                ))
+            })?;
+            output(&out2, rows, &meta)
+        };
+        let stream = futures::stream::once(fut)
+            .map_ok(|v| futures::stream::iter(v.into_iter().map(Ok)))
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(out, stream)))
+    }
+}
+
+/// The task's output: its rows passed and its side row.
+fn output(out: &SchemaRef, rows: RecordBatch, meta: &Meta) -> DfResult<Vec<RecordBatch>> {
+    let text = serde_json::to_string(meta)
+        .map_err(|e| DataFusionError::Internal(format!("a task's report: {e}")))?;
+    let data = out.fields().len() - 1;
+    let mut cols = rows.columns()[..data].to_vec();
+    cols.push(new_null_array(&DataType::Utf8, rows.num_rows()));
+    let passed = RecordBatch::try_new(Arc::clone(out), cols)?;
+    let mut side: Vec<ArrayRef> = out.fields()[..data]
+        .iter()
+        .map(|f| new_null_array(f.data_type(), 1))
+        .collect();
+    side.push(Arc::new(StringArray::from(vec![text])));
+    let side = RecordBatch::try_new(Arc::clone(out), side)?;
+    Ok(vec![passed, side])
+}
+
+/// Partition stores a worker committed, kept for its next batch (by the partition's URL).
+static KEPT: LazyLock<Mutex<HashMap<String, StateStore>>> = LazyLock::new(Default::default);
+
+fn kept(url: &str) -> Option<StateStore> {
+    KEPT.lock().ok().and_then(|mut k| k.remove(url))
+}
+
+fn keep(url: String, store: StateStore) {
+    if let Ok(mut k) = KEPT.lock() {
+        k.insert(url, store);
+    }
+}
+
+/// Whether a column has an order the rows are sorted by (see the module docs).
+pub(crate) fn orderable(t: &DataType) -> bool {
+    t.is_primitive()
+        || matches!(
+            t,
+            DataType::Boolean
+                | DataType::Utf8
+                | DataType::LargeUtf8
+                | DataType::Utf8View
+                | DataType::Binary
+                | DataType::LargeBinary
+                | DataType::BinaryView
+                | DataType::FixedSizeBinary(_)
+        )
+}
+
+/// Sorts `batch` by every column that has an order, ascending, NULLs first.
+fn in_fixed_order(batch: &RecordBatch) -> Result<RecordBatch> {
+    let failed =
+        |e: datafusion::arrow::error::ArrowError| Error::datafusion("ordering the rows", e.into());
+    let by: Vec<SortColumn> = batch
+        .columns()
+        .iter()
+        .filter(|c| orderable(c.data_type()))
+        .map(|c| SortColumn {
+            values: Arc::clone(c),
+            options: Some(SortOptions {
+                descending: false,
+                nulls_first: true,
+            }),
+        })
+        .collect();
+    if by.is_empty() || batch.num_rows() < 2 {
+        return Ok(batch.clone());
+    }
+    let order = lexsort_to_indices(&by, None).map_err(failed)?;
+    take_record_batch(batch, &order).map_err(failed)
+}
+
+/// One task's work: `all` is its rows and markers, tagged.
+async fn run(spec: &DedupeSpec, all: RecordBatch) -> Result<(RecordBatch, Meta)> {
+    let failed = |e: datafusion::arrow::error::ArrowError| {
+        Error::datafusion("the deduplication's rows", e.into())
+    };
+    let data_cols = all.num_columns() - 2;
+    let tags = all
+        .column(data_cols)
+        .as_any()
+        .downcast_ref::<UInt32Array>()
+        .ok_or_else(|| Error::Internal {
+            what: "the partition tag is not UInt32".into(),
+        })?;
+    let owned: BTreeSet<u32> = tags.values().iter().copied().collect();
+    let marks = all
+        .column(data_cols + 1)
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .ok_or_else(|| Error::Internal {
+            what: "the marker column is not Boolean".into(),
+        })?;
+    let is_data = datafusion::arrow::compute::not(marks).map_err(failed)?;
+    let rows = filter_record_batch(&all, &is_data).map_err(failed)?;
+    let rows = rows
+        .project(&(0..data_cols).collect::<Vec<_>>())
+        .map_err(failed)?;
+    let rows = in_fixed_order(&rows)?;
+
+    let mut meta = Meta::default();
+    if let Some(i) = spec.observe {
+        meta.event.observe(std::slice::from_ref(&rows), i)?;
+    }
+    let rules = spec.rules();
+    let conf = StateConf::new(spec.snapshot_every, spec.retain)?;
+    let storage = StorageOptions::new(spec.storage.clone())?;
+    let dir = Location::parse("checkpoint", &spec.dir, None, &storage)?;
+    let enc = encode_keys(&rows, &rules, spec.partitions, &mut meta.dropped_late)?;
+    let mut mask = vec![false; rows.num_rows()];
+    let mut update_ms = 0;
+    for p in owned {
+        let part_dir = dir.join(&p.to_string());
+        let url = part_dir.url().to_string();
+        let mut store = match kept(&url) {
+            Some(s) => s,
+            None => StateStore::new(part_dir, conf),
+        };
+        store.relist().await?;
+        store.load(spec.batch_id).await?;
+        store.purge().await?;
+        let t = Instant::now();
+        let rows_of = enc.by_part.get(p as usize).map_or(&[][..], Vec::as_slice);
+        for row in pass_new(
+            &mut store,
+            rows_of,
+            |r| enc.keys.key(r),
+            |r| rules.kept_value(enc.time_of(r)),
+        ) {
+            mask[row as usize] = true;
+            meta.updated += 1;
+        }
+        update_ms += t.elapsed().as_millis() as u64;
+        if let Some(e) = rules.evicts() {
+            let t = Instant::now();
+            meta.removed += evict_passed(&mut store, e);
+            meta.remove_ms += t.elapsed().as_millis() as u64;
+        }
+        let t = Instant::now();
+        store.commit().await?;
+        meta.commit_ms += t.elapsed().as_millis() as u64;
+        meta.rows_total += store.len() as u64;
+        meta.memory_bytes += store.memory_bytes() as u64;
+        meta.partitions.push(p);
+        keep(url, store);
+    }
+    meta.update_ms = update_ms;
+    tracing::info!(
+        batch_id = spec.batch_id,
+        "batch {}: state partitions {:?} of stateful operator {} committed at version {} \
+         ({} keys)",
+        spec.batch_id,
+        meta.partitions,
+        spec.operator,
+        spec.batch_id + 1,
+        meta.rows_total
+    );
+    let passed = filter_record_batch(&rows, &BooleanArray::from(mask)).map_err(failed)?;
+    Ok((passed, meta))
+}
