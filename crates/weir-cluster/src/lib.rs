@@ -25,7 +25,11 @@
 //! - **TLS**: workers listed as `https://` serve TLS ([`tls`]); the driver and the other
 //!   workers check their certificates against `tls-ca`.
 //!
-//! Not distributed yet: stateful steps (refused on a cluster) and the other sinks' writes
+//! - **State**: a deduplication's state partitions are loaded, worked and committed on
+//!   the workers (`weir_core::engine::state_nodes`, carried by the codec); an
+//!   aggregation's run on the driver over the workers' rows.
+//!
+//! Not distributed yet: an aggregation's state, and several sinks together or a function
 //! (the driver writes what the workers computed).
 
 pub mod codec;

@@ -246,9 +246,11 @@ impl Steps {
     ///
     /// On a cluster (`input` is a plan) the steps before the first stateful one (the
     /// watermark, a deduplication, an aggregation) are planned on it; that plan runs on the
-    /// workers there and its rows are held here, where the stateful steps and the rest run
-    /// (the state's partitions on this machine's cores). What the workers did is returned
-    /// then; `None` means the plan has not run yet.
+    /// workers there and its rows are held here, where the rest runs. A deduplication
+    /// first (or right after the watermark) runs on the workers with that plan, its state
+    /// partitions as their tasks; any other stateful step runs here (the state's partitions
+    /// on this machine's cores). What the workers did is returned then; `None` means the
+    /// plan has not run yet.
     pub(super) async fn apply(
         &self,
         ctx: &SessionContext,
