@@ -11,7 +11,10 @@
 # INPUT: a folder of JSON files (6 files a batch) or kafka://BROKERS/TOPIC (120,000 records
 # a batch). KIND: `pass` (a filter: every row goes back to the driver), `group` (GROUP BY
 # status: partial aggregates shuffle between workers) or `newest` (the seed's query: the
-# newest row per order_id by a row_number() window, shuffled by order_id).
+# newest row per order_id by a row_number() window, shuffled by order_id), `dedupe`
+# (`drop-duplicates = ["order_id"]`, 8 state partitions: on a cluster they run as the
+# workers' tasks) or `dedupe-wm` (a 10-minute watermark and
+# `drop-duplicates-within-watermark`).
 # SINK=delta-append in the environment writes a Delta table instead of Parquet parts;
 # SINK=delta-merge MERGEs by order_id (newest updated_at); SINK=postgres-upsert upserts into
 # a new table of the server at PG_URL (its CPU is not counted; the workers' bytes sent then
@@ -36,6 +39,12 @@ case $KIND in
   pass) SQL="SELECT order_id, status, amount, updated_at FROM batch WHERE amount IS NOT NULL";;
   group) SQL="SELECT status, count(*) AS n, sum(amount) AS total FROM batch GROUP BY status";;
   newest) SQL="SELECT order_id, status, amount, updated_at FROM (SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn FROM batch) WHERE rn = 1";;
+esac
+case $KIND in
+  dedupe) TRANSFORM='drop-duplicates = ["order_id"]';;
+  dedupe-wm) TRANSFORM='with-watermark = { column = "updated_at", delay = "10 minutes" }
+drop-duplicates-within-watermark = ["order_id"]';;
+  *) TRANSFORM="sql = \"$SQL\"";;
 esac
 SINK_TOML="type = \"$SINK\"
 path = \"out\""
@@ -64,11 +73,12 @@ cat > p.toml <<EOT
 name = "cb"
 checkpoint = "chk"
 trigger = "available-now"
+state-partitions = 8
 [source]
 $SOURCE
 schema = ["order_id bigint", "status string", "amount double", "updated_at timestamp"]
 [transform]
-sql = "$SQL"
+$TRANSFORM
 [[sink]]
 $SINK_TOML
 $CL

@@ -313,7 +313,7 @@ async fn a_malformed_kafka_value_on_a_worker_fails_the_batch_without_retries() {
         .await
         .map_err(|(e, _)| e)
         .unwrap();
-    let p = crate::cluster::kafka_cluster_pipeline(
+    let p = crate::cluster_kafka::kafka_cluster_pipeline(
         dir.path(),
         topic,
         1000,

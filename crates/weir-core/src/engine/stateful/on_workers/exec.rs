@@ -309,6 +309,15 @@ fn keep(url: String, store: StateStore) {
     }
 }
 
+/// Lets go of the partitions of the operator in `dir` kept at a version older than
+/// `batch_id`: another worker ran them since (versions only grow, and a store is reused
+/// only at the version it holds), so they would never be used again.
+fn forget_older(dir: &str, batch_id: u64) {
+    if let Ok(mut k) = KEPT.lock() {
+        k.retain(|url, s| !url.starts_with(dir) || s.version().is_some_and(|v| v >= batch_id));
+    }
+}
+
 /// Whether a column has an order the rows are sorted by (see the module docs).
 pub(crate) fn orderable(t: &DataType) -> bool {
     t.is_primitive()
@@ -385,6 +394,7 @@ async fn run(spec: &DedupeSpec, all: RecordBatch) -> Result<(RecordBatch, Meta)>
     let storage = StorageOptions::new(spec.storage.clone())?;
     let dir = Location::parse("checkpoint", &spec.dir, None, &storage)?;
     let enc = encode_keys(&rows, &rules, spec.partitions, &mut meta.dropped_late)?;
+    forget_older(dir.url().as_str(), spec.batch_id);
     let mut mask = vec![false; rows.num_rows()];
     let mut update_ms = 0;
     for p in owned {
