@@ -36,6 +36,7 @@ use datafusion_distributed::{
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tonic::transport::{ClientTlsConfig, Endpoint};
 use url::Url;
+use weir_core::engine::state_nodes::DedupeStateExec;
 use weir_core::engine::{Cluster, ClusterRun, WorkerTasks};
 use weir_core::error::error_chain;
 use weir_core::source::leaf::find_scan;
@@ -196,8 +197,9 @@ impl Cluster for WeirCluster {
             .with_distributed_channel_resolver(self.channels.clone())
             .with_distributed_planner()
             .with_distributed_user_codec(WeirCodec::new(self.nodes))
-            .with_distributed_desired_task_count_handler(move |ev: DesiredTaskCountEvent<'_>| {
-                task_count(kinds, ev)
+            .with_distributed_desired_task_count_handler({
+                let live = self.live.clone();
+                move |ev: DesiredTaskCountEvent<'_>| task_count(kinds, &live, ev)
             })
             .with_distributed_scale_up_leaf_node_handler(move |ev: ScaleUpLeafNodeEvent<'_>| {
                 scale_up(kinds, ev)
@@ -425,11 +427,18 @@ impl ChannelResolver for Channels {
     }
 }
 
-/// As many tasks as the scan can use (the planner caps it at the workers).
+/// As many tasks as the scan can use (the planner caps it at the workers); a
+/// deduplication's state partitions one task per live worker, so they run on the workers
+/// and spread over all of them even when the batch's read is one task (or none).
 fn task_count(
     kinds: ScanKinds,
+    live: &RwLock<Vec<Url>>,
     ev: DesiredTaskCountEvent<'_>,
 ) -> Option<datafusion::error::Result<DesiredTaskCountEventResponse>> {
+    if ev.plan.downcast_ref::<DedupeStateExec>().is_some() {
+        let workers = live.read().map(|l| l.len()).unwrap_or(1);
+        return Some(Ok(DesiredTaskCountEventResponse::desired(workers.max(1))));
+    }
     let scan = find_scan(kinds, ev.plan)?;
     Some(Ok(DesiredTaskCountEventResponse::desired(
         scan.tasks_wanted().max(1),
@@ -460,12 +469,27 @@ fn is_scan(kinds: ScanKinds, node: &Arc<dyn ExecutionPlan>) -> bool {
 /// Whether the stage headed by `plan` holds a scan (the stages below its network
 /// boundaries are not looked at).
 fn holds_scan(kinds: ScanKinds, plan: &Arc<dyn ExecutionPlan>) -> bool {
+    stage_holds(plan, |node| is_scan(kinds, node))
+}
+
+/// Whether the stage headed by `plan` holds a deduplication's state partitions.
+fn holds_state(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    stage_holds(plan, |node| {
+        node.downcast_ref::<DedupeStateExec>().is_some()
+    })
+}
+
+/// Whether a node of the stage headed by `plan` is `wanted`.
+fn stage_holds(
+    plan: &Arc<dyn ExecutionPlan>,
+    wanted: impl Fn(&Arc<dyn ExecutionPlan>) -> bool,
+) -> bool {
     let mut found = false;
     let _ = plan.apply(|node| {
         if !Arc::ptr_eq(node, plan) && node.as_network_boundary().is_some() {
             return Ok(TreeNodeRecursion::Jump);
         }
-        if is_scan(kinds, node) {
+        if wanted(node) {
             found = true;
             return Ok(TreeNodeRecursion::Stop);
         }
@@ -475,7 +499,9 @@ fn holds_scan(kinds: ScanKinds, plan: &Arc<dyn ExecutionPlan>) -> bool {
 }
 
 /// Round robin over the live workers, from a turning start; the scan stage's routing is
-/// kept for the report.
+/// kept for the report. A stage of state partitions starts at the first worker every
+/// batch: its task `i` owns the same partitions while the workers stay the same, so it
+/// lands where they are kept in memory.
 fn route(
     kinds: ScanKinds,
     live: &RwLock<Vec<Url>>,
@@ -487,7 +513,10 @@ fn route(
     if urls.is_empty() {
         return None;
     }
-    let start = turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let start = match holds_state(ev.plan) {
+        true => 0,
+        false => turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    };
     let picked: Vec<Url> = (0..ev.task_count)
         .map(|i| urls[(start + i) % urls.len()].clone())
         .collect();

@@ -143,23 +143,34 @@ drop-duplicates-within-watermark = ["order_id"]
         op["numRowsRemoved"].as_u64().unwrap() > 0,
         "keys expired: {op}"
     );
-    // Every batch, each of the 4 partitions was committed by a worker, once.
-    let lines: Vec<String> = ws.iter().flat_map(Worker::log_lines).collect();
-    for batch in 0..last["batchId"].as_u64().unwrap() {
-        let mut parts: Vec<u32> = lines
-            .iter()
-            .filter(|l| l.contains(&format!("batch {batch}: state partitions [")))
-            .flat_map(|l| {
-                let list = l.split('[').nth(1).unwrap().split(']').next().unwrap();
-                list.split(", ")
-                    .filter(|p| !p.is_empty())
-                    .map(|p| p.parse::<u32>().unwrap())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        parts.sort_unstable();
-        assert_eq!(parts, [0, 1, 2, 3], "batch {batch}: {lines:?}");
+    // Every batch, each of the 4 partitions was committed by a worker, once: the last one
+    // (no rows: the watermark moved) too. And each stays on one worker from batch to
+    // batch (where it is kept in memory) while no worker changes.
+    let mut by_batch: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    let mut owners: BTreeMap<u32, BTreeSet<usize>> = BTreeMap::new();
+    for (w, worker) in ws.iter().enumerate() {
+        for line in worker.log_lines() {
+            let Some(rest) = line.split("batch ").nth(1) else {
+                continue;
+            };
+            let Some((batch, list)) = rest.split_once(": state partitions [") else {
+                continue;
+            };
+            let list = list.split(']').next().unwrap();
+            for p in list.split(", ").filter(|p| !p.is_empty()) {
+                let p: u32 = p.parse().unwrap();
+                by_batch.entry(batch.parse().unwrap()).or_default().push(p);
+                owners.entry(p).or_default().insert(w);
+            }
+        }
     }
+    let last_id = last["batchId"].as_u64().unwrap();
+    assert_eq!(by_batch.len() as u64, last_id + 1, "{by_batch:?}");
+    for (batch, mut parts) in by_batch {
+        parts.sort_unstable();
+        assert_eq!(parts, [0, 1, 2, 3], "batch {batch}");
+    }
+    assert!(owners.values().all(|w| w.len() == 1), "{owners:?}");
     let keys = want.len();
     for point in [AFTER_USER_FN, BEFORE_STATE_COMMIT, AFTER_STATE_COMMIT] {
         let (dir, again) = run(Some(point));

@@ -51,11 +51,11 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_expr::Partitioning;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use datafusion::prelude::DataFrame;
 use serde::{Deserialize, Serialize};
@@ -432,8 +432,10 @@ impl PhysicalOptimizerRule for StateShuffle {
                     ))
                 })?;
             }
+            // A fixed count (the distributed planner multiplies it by the tasks): a
+            // partition's tag lands on the same task every batch while the workers stay.
             let p = child.schema().index_of(PART_COL)?;
-            let n = target.max(child.output_partitioning().partition_count());
+            let n = target;
             let shuffle = RepartitionExec::try_new(
                 child,
                 Partitioning::Hash(vec![Arc::new(Column::new(PART_COL, p))], n),
