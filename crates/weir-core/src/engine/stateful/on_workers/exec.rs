@@ -1,6 +1,7 @@
 //! The two plan nodes of a deduplication on the workers and one task's work (see the
 //! parent module).
 
+use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -9,10 +10,8 @@ use std::time::Instant;
 use datafusion::arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, StringArray, UInt32Array, new_null_array,
 };
-use datafusion::arrow::compute::{
-    SortColumn, SortOptions, concat_batches, filter_record_batch, lexsort_to_indices,
-    take_record_batch,
-};
+use datafusion::arrow::array::{DynComparator, make_comparator};
+use datafusion::arrow::compute::{SortOptions, concat_batches, filter_record_batch};
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result as DfResult};
@@ -334,27 +333,56 @@ pub(crate) fn orderable(t: &DataType) -> bool {
         )
 }
 
-/// Sorts `batch` by every column that has an order, ascending, NULLs first.
-fn in_fixed_order(batch: &RecordBatch) -> Result<RecordBatch> {
-    let failed =
-        |e: datafusion::arrow::error::ArrowError| Error::datafusion("ordering the rows", e.into());
-    let by: Vec<SortColumn> = batch
-        .columns()
-        .iter()
-        .filter(|c| orderable(c.data_type()))
-        .map(|c| SortColumn {
-            values: Arc::clone(c),
-            options: Some(SortOptions {
-                descending: false,
-                nulls_first: true,
-            }),
-        })
-        .collect();
-    if by.is_empty() || batch.num_rows() < 2 {
-        return Ok(batch.clone());
+/// Compares two rows of `batch` by every column that has an order, ascending, NULLs
+/// first (the order the driver sorts the workers' rows in).
+struct RowOrder(Vec<DynComparator>);
+
+impl RowOrder {
+    fn new(batch: &RecordBatch) -> Result<RowOrder> {
+        let opts = SortOptions {
+            descending: false,
+            nulls_first: true,
+        };
+        let cmps = batch
+            .columns()
+            .iter()
+            .filter(|c| orderable(c.data_type()))
+            .map(|c| make_comparator(c.as_ref(), c.as_ref(), opts))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::datafusion("ordering the rows", e.into()))?;
+        Ok(RowOrder(cmps))
     }
-    let order = lexsort_to_indices(&by, None).map_err(failed)?;
-    take_record_batch(batch, &order).map_err(failed)
+
+    fn cmp(&self, a: usize, b: usize) -> Ordering {
+        self.0
+            .iter()
+            .map(|c| c(a, b))
+            .find(|o| o.is_ne())
+            .unwrap_or(Ordering::Equal)
+    }
+}
+
+/// Of `rows` (of one partition), the least row of each key (`key_of`) by `order`: the
+/// copy a deduplication judges, whatever order the shuffle brought them in.
+fn least_of_each_key<'k>(
+    rows: &[u32],
+    key_of: impl Fn(usize) -> &'k [u8],
+    order: &RowOrder,
+) -> Vec<u32> {
+    let mut least: HashMap<&[u8], u32> = HashMap::with_capacity(rows.len());
+    for &row in rows {
+        least
+            .entry(key_of(row as usize))
+            .and_modify(|l| {
+                if order.cmp(row as usize, *l as usize).is_lt() {
+                    *l = row;
+                }
+            })
+            .or_insert(row);
+    }
+    let mut out: Vec<u32> = least.into_values().collect();
+    out.sort_unstable();
+    out
 }
 
 /// One task's work: `all` is its rows and markers, tagged.
@@ -383,7 +411,7 @@ async fn run(spec: &DedupeSpec, all: RecordBatch) -> Result<(RecordBatch, Meta)>
     let rows = rows
         .project(&(0..data_cols).collect::<Vec<_>>())
         .map_err(failed)?;
-    let rows = in_fixed_order(&rows)?;
+    let order = RowOrder::new(&rows)?;
 
     let mut meta = Meta::default();
     if let Some(i) = spec.observe {
@@ -409,9 +437,10 @@ async fn run(spec: &DedupeSpec, all: RecordBatch) -> Result<(RecordBatch, Meta)>
         store.purge().await?;
         let t = Instant::now();
         let rows_of = enc.by_part.get(p as usize).map_or(&[][..], Vec::as_slice);
+        let judged = least_of_each_key(rows_of, |r| enc.keys.key(r), &order);
         for row in pass_new(
             &mut store,
-            rows_of,
+            &judged,
             |r| enc.keys.key(r),
             |r| rules.kept_value(enc.time_of(r)),
         ) {
