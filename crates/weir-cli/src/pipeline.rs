@@ -412,6 +412,13 @@ impl Pipeline {
                 match weir_core::checkpoint::Checkpoint::inspect(checkpoint.clone()).await? {
                     None => format!("{place}; no checkpoint yet (the first run makes one)"),
                     Some(cp) => {
+                        if let Some(asked) = self.query.state_partitions {
+                            weir_core::engine::check_state_partitions(
+                                &checkpoint.join("state"),
+                                asked,
+                            )
+                            .await?;
+                        }
                         let (_, commits) = cp.batch_ids().await?;
                         format!(
                             "{place}; query {}, {}",

@@ -257,6 +257,20 @@ async fn a_query_refused_for_its_state_partitions_touches_no_sink() {
         .replace("state-partitions = 4", "state-partitions = 5")
         .replace("path = \"out\"", "path = \"out_new\"");
     std::fs::write(&p, text).unwrap();
+    // `weir check --connect` reads the state's metadata and says so before any run.
+    let out = weir_testkit::run_weir(
+        &crate::bin(),
+        &["check", "--connect", p.to_str().unwrap()],
+        None,
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("FAILED   checkpoint")
+            && said.contains("query.state-partitions")
+            && said.contains("written in 4 partition"),
+        "{said}"
+    );
     let out = weir_testkit::run_weir(&crate::bin(), &["run", p.to_str().unwrap()], None);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");

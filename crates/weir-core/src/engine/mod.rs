@@ -26,7 +26,7 @@ pub use query::StreamingQuery;
 pub use retry::RetryPolicy;
 pub use start::PIN_TARGET_PARTITIONS;
 pub(crate) use start::{StartRequest, start};
-pub use stateful::{Aggregation, DEFAULT_STATE_PARTITIONS, OutputMode};
+pub use stateful::{Aggregation, DEFAULT_STATE_PARTITIONS, OutputMode, check_state_partitions};
 /// The plan nodes of a deduplication whose state partitions run on a cluster's workers,
 /// for the cluster's codec.
 pub mod state_nodes {

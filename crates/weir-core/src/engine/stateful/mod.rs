@@ -297,6 +297,38 @@ pub const DEFAULT_STATE_PARTITIONS: u32 = 8;
 /// The setting the number of state partitions is given by, for errors.
 const PARTITIONS_KEY: &str = "query.state-partitions";
 
+/// The error for a query asking for `asked` state partitions where operator `operator`'s
+/// state (under `state_root`) was written in `found`.
+fn changed_partitions(operator: u32, found: u32, asked: u32, state_root: &Location) -> Error {
+    Error::config(
+        PARTITIONS_KEY,
+        format!(
+            "the state of stateful operator {operator} was written in {found} partition(s) \
+             ({}), and this query asks for {asked}: the number of state partitions is fixed \
+             when the state is first written (as Spark fixes spark.sql.shuffle.partitions); \
+             set state-partitions = {found} or leave it out, or start the query on a new \
+             checkpoint",
+            state_root.describe(&format!("{operator}/_metadata/metadata")),
+        ),
+    )
+}
+
+/// Refuses `state-partitions = asked` on a checkpoint whose state (under `state_root`)
+/// was written in another number of partitions, reading only the operators' metadata
+/// (`weir check --connect`).
+pub async fn check_state_partitions(state_root: &Location, asked: u32) -> Result<()> {
+    let mut operator = 0;
+    while let Some(m) = OperatorMetadata::read(state_root, operator).await? {
+        if let Some(found) = m.state_store_info.first().map(|s| s.num_partitions)
+            && found != asked
+        {
+            return Err(changed_partitions(operator, found, asked, state_root));
+        }
+        operator += 1;
+    }
+    Ok(())
+}
+
 /// What every operator has: its place in the checkpoint and its store.
 pub(crate) struct OperatorState {
     operator: u32,
@@ -337,18 +369,11 @@ impl OperatorState {
     async fn resolve_partitions(&self, found: Option<&OperatorMetadata>) -> Result<u32> {
         let found = found.and_then(|m| m.state_store_info.first().map(|s| s.num_partitions));
         match (found, self.settings.partitions) {
-            (Some(f), Some(asked)) if f != asked => Err(Error::config(
-                PARTITIONS_KEY,
-                format!(
-                    "the state of stateful operator {} was written in {f} partition(s) ({}), \
-                     and this query asks for {asked}: the number of state partitions is \
-                     fixed when the state is first written (as Spark fixes \
-                     spark.sql.shuffle.partitions); set state-partitions = {f} or leave it \
-                     out, or start the query on a new checkpoint",
-                    self.operator,
-                    self.state_root
-                        .describe(&format!("{}/_metadata/metadata", self.operator)),
-                ),
+            (Some(f), Some(asked)) if f != asked => Err(changed_partitions(
+                self.operator,
+                f,
+                asked,
+                &self.state_root,
             )),
             (Some(f), _) => check_partitions(PARTITIONS_KEY, f),
             (None, asked) => {
