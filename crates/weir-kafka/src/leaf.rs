@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,7 @@ use weir_core::datafusion::physical_plan::{
 use weir_core::source::BadRecordMode;
 use weir_core::source::leaf::{ScanKind, WorkerScan, balance, leaf_properties, stream_share};
 
+use crate::marks::Marks;
 use crate::options::{KafkaOptions, ValueFormat};
 use crate::{PartitionOffsets, client, read};
 
@@ -83,6 +84,11 @@ pub struct KafkaScan {
     pub tombstones: crate::options::Tombstones,
     #[serde(default)]
     pub tombstone_timestamp: Option<String>,
+    /// The marks of the records before the ranges, as the driver knew them when the plan
+    /// was sent: each task checks its ranges' first records against them (a recreated
+    /// topic, see [`crate::marks`]).
+    #[serde(default)]
+    pub(crate) marks: Marks,
 }
 
 impl fmt::Debug for KafkaScan {
@@ -139,6 +145,7 @@ impl KafkaScan {
             projection: None,
             tombstones: o.tombstones,
             tombstone_timestamp: o.tombstone_timestamp.clone(),
+            marks: Marks::default(),
         }
     }
 
@@ -213,6 +220,9 @@ pub const KAFKA_RANGES: ScanKind = ScanKind {
 #[derive(Debug)]
 pub struct KafkaRangeExec {
     scan: KafkaScan,
+    /// The driver's marks, read when the plan is sent (a plan made while the batch before
+    /// still ran gets that batch's marks too); `None` on a worker.
+    live_marks: Option<Arc<Mutex<Marks>>>,
     /// The JSON values' schema (the raw columns for raw rows).
     decode_schema: SchemaRef,
     metrics: ExecutionPlanMetricsSet,
@@ -227,6 +237,7 @@ impl KafkaRangeExec {
         let props = leaf_properties(projected, scan.partitions);
         Ok(KafkaRangeExec {
             scan,
+            live_marks: None,
             decode_schema,
             metrics: ExecutionPlanMetricsSet::new(),
             props,
@@ -237,6 +248,33 @@ impl KafkaRangeExec {
     pub fn scan(&self) -> &KafkaScan {
         &self.scan
     }
+
+    /// The scan with the driver's marks `marks`, sent with the plan as they are then.
+    pub(crate) fn with_live_marks(mut self, marks: Arc<Mutex<Marks>>) -> Self {
+        self.live_marks = Some(marks);
+        self
+    }
+
+    /// The marks the ranges are checked against: the driver's as they are now, or on a
+    /// worker those the plan brought.
+    fn marks(&self) -> DfResult<Marks> {
+        match &self.live_marks {
+            Some(live) => {
+                let marks = live
+                    .lock()
+                    .map_err(|_| DataFusionError::Internal("the Kafka marks' lock".into()))?;
+                Ok(marks.only(self.scan.ranges().map(|r| (r.topic.as_str(), r.partition))))
+            }
+            None => Ok(self.scan.marks.clone()),
+        }
+    }
+
+    /// `scan` read the way this one is (the same decode schema and live marks).
+    fn like_this(&self, scan: KafkaScan) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let mut exec = KafkaRangeExec::try_new(scan, self.decode_schema.clone())?;
+        exec.live_marks = self.live_marks.clone();
+        Ok(Arc::new(exec))
+    }
 }
 
 impl WorkerScan for KafkaRangeExec {
@@ -245,7 +283,11 @@ impl WorkerScan for KafkaRangeExec {
     }
 
     fn encode(&self) -> DfResult<(SchemaRef, String)> {
-        let body = serde_json::to_string(&self.scan).map_err(|e| {
+        let scan = KafkaScan {
+            marks: self.marks()?,
+            ..self.scan.clone()
+        };
+        let body = serde_json::to_string(&scan).map_err(|e| {
             DataFusionError::Internal(format!("encoding a scan of Kafka ranges: {e}"))
         })?;
         Ok((self.decode_schema.clone(), body))
@@ -261,14 +303,10 @@ impl WorkerScan for KafkaRangeExec {
     }
 
     fn with_projection(&self, projection: Option<Vec<usize>>) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let scan = KafkaScan {
+        self.like_this(KafkaScan {
             projection,
             ..self.scan.clone()
-        };
-        Ok(Arc::new(KafkaRangeExec::try_new(
-            scan,
-            self.decode_schema.clone(),
-        )?))
+        })
     }
 
     fn per_task(&self, tasks: usize) -> DfResult<Vec<Arc<dyn ExecutionPlan>>> {
@@ -277,14 +315,10 @@ impl WorkerScan for KafkaRangeExec {
             .shares
             .into_iter()
             .map(|share| {
-                let scan = KafkaScan {
+                self.like_this(KafkaScan {
                     shares: vec![share],
                     ..self.scan.clone()
-                };
-                Ok(
-                    Arc::new(KafkaRangeExec::try_new(scan, self.decode_schema.clone())?)
-                        as Arc<dyn ExecutionPlan>,
-                )
+                })
             })
             .collect()
     }
@@ -335,6 +369,8 @@ impl ExecutionPlan for KafkaRangeExec {
             )
         })?;
         let projection = self.scan.projection.clone();
+        // Run in the driver (a one-task stage), the driver's marks as they are now.
+        let marks = self.marks()?;
         let tx = builder.tx();
         builder.spawn_blocking(move || {
             // A malformed value is the topic's: the batch is not run again on other
@@ -358,8 +394,7 @@ impl ExecutionPlan for KafkaRangeExec {
                 let end: PartitionOffsets =
                     [(r.topic.clone(), [(r.partition, r.to)].into())].into();
                 let read::Read { batches, .. } =
-                    read::read(&consumer, &opts, &begin, &end, &Default::default())
-                        .map_err(failed)?;
+                    read::read(&consumer, &opts, &begin, &end, &marks).map_err(failed)?;
                 for batch in batches {
                     let batch = match &projection {
                         Some(p) => batch.project(p)?,
@@ -458,6 +493,7 @@ mod tests {
             projection: None,
             tombstones: Default::default(),
             tombstone_timestamp: None,
+            marks: Marks::default(),
         };
         // Largest first onto the lightest share: a1 | b0 | b1, then a0 onto b1 (40) and
         // a2 onto the first at 50.

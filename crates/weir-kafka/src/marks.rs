@@ -17,8 +17,12 @@
 //!
 //! What it cannot see: a record at `from - 1` that is gone (compacted, or a transaction
 //! marker there) is not checked; a new topic whose record at that offset has the same
-//! timestamp, key and value as the old one passes; reads on a cluster's workers are not
-//! checked yet.
+//! timestamp, key and value as the old one passes.
+//!
+//! On a cluster the workers read: the plan carries the driver's marks of the partitions
+//! read (as they are when the plan is sent), each task checks its ranges against them, and
+//! the driver reads the last record of each range itself before the commit to keep its
+//! mark (one record per partition and batch).
 
 use std::collections::BTreeMap;
 
@@ -85,6 +89,17 @@ impl Marks {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// The marks of the partitions `parts` only (what a task reading them needs).
+    pub(crate) fn only<'a>(&self, parts: impl Iterator<Item = (&'a str, i32)>) -> Marks {
+        let mut out = Marks::default();
+        for (t, p) in parts {
+            if let Some(m) = self.0.get(t).and_then(|ps| ps.get(&p)) {
+                out.0.entry(t.to_string()).or_default().insert(p, m.clone());
+            }
+        }
+        out
     }
 }
 

@@ -51,7 +51,10 @@ pub struct KafkaSource {
     letters: Mutex<Vec<(Range, Vec<Letter>)>>,
     /// The last records read in each partition, to tell a topic made again (see
     /// [`crate::marks`]); kept in `sources/0/marks` before each commit.
-    marks: Mutex<Marks>,
+    marks: Arc<Mutex<Marks>>,
+    /// Batches are read on a cluster's workers: the driver reads each range's last record
+    /// itself for its mark, before the commit.
+    read_on_workers: std::sync::atomic::AtomicBool,
     /// The checkpoint's query id (names the dead letter's files).
     query_id: Mutex<uuid::Uuid>,
 }
@@ -101,7 +104,8 @@ impl KafkaSource {
             latest: Mutex::new(None),
             skipped: Mutex::new(None),
             letters: Mutex::new(Vec::new()),
-            marks: Mutex::new(Marks::default()),
+            marks: Arc::new(Mutex::new(Marks::default())),
+            read_on_workers: std::sync::atomic::AtomicBool::new(false),
             query_id: Mutex::new(uuid::Uuid::nil()),
         })
     }
@@ -142,6 +146,47 @@ impl KafkaSource {
         let reader = self.reader.clone();
         self.blocking(move |o| with_client(&reader, || consumer(o), |c| f(c, o)))
             .await
+    }
+
+    /// Keeps the mark of the last record of each partition's range `[start, end)` (read
+    /// on the workers), read here: the next batch's tasks check their first records
+    /// against it. A range whose last offset holds no record (a transaction marker, or
+    /// deleted since) leaves no mark, as a read of it would not.
+    async fn mark_last_records(
+        &self,
+        start: Option<&SourceOffset>,
+        end: &SourceOffset,
+    ) -> Result<()> {
+        let begin = self.start_of(start).await?;
+        let end = offsets::parse(end.json()).map_err(|e| self.err(e))?;
+        let mut from = PartitionOffsets::new();
+        let mut to = PartitionOffsets::new();
+        for (t, ps) in &end {
+            for (&p, &e) in ps {
+                let b = begin.get(t).and_then(|m| m.get(&p)).copied().unwrap_or(0);
+                if e > b && e > 0 {
+                    from.entry(t.clone()).or_default().insert(p, e - 1);
+                    to.entry(t.clone()).or_default().insert(p, e);
+                }
+            }
+        }
+        if to.is_empty() {
+            return Ok(());
+        }
+        let read::Read { marks: last, .. } = self
+            .with_reader(move |c, o| {
+                // The raw records: nothing to decode, and a loss was the batch's to report.
+                let mut raw = o.clone();
+                raw.value_format = ValueFormat::Raw;
+                raw.fail_on_data_loss = false;
+                read::read(c, &raw, &from, &to, &Marks::default())
+            })
+            .await?;
+        let mut marks = self.marks.lock().map_err(|_| self.poisoned())?;
+        for (t, p, m) in last {
+            marks.add(&t, p, m);
+        }
+        Ok(())
     }
 
     /// The first batch's start: recorded in `sources/0/0` once, then always read from there.
@@ -425,7 +470,11 @@ impl Source for KafkaSource {
                     e,
                 )
             };
-            let exec = KafkaRangeExec::try_new(scan, decode_schema).map_err(planning)?;
+            let exec = KafkaRangeExec::try_new(scan, decode_schema)
+                .map_err(planning)?
+                .with_live_marks(self.marks.clone());
+            self.read_on_workers
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             return ctx
                 .read_table(Arc::new(ScanTable::new(Arc::new(exec))))
                 .map_err(planning);
@@ -473,6 +522,12 @@ impl Source for KafkaSource {
         start: Option<&SourceOffset>,
         end: &SourceOffset,
     ) -> Result<()> {
+        if self
+            .read_on_workers
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.mark_last_records(start, end).await?;
+        }
         let marks = self.marks.lock().map_err(|_| self.poisoned())?.clone();
         if !marks.is_empty() {
             let log = self.log.lock().map_err(|_| self.poisoned())?.clone();
