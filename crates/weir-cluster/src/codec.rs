@@ -106,10 +106,14 @@ impl PhysicalExtensionCodec for WeirCodec {
                 Arc::new(schema),
             )));
         }
-        if let [input] = inputs
-            && let Some(state) = state_nodes::decode_node(&node.kind, input, &node.body)?
-        {
-            return Ok(state);
+        if let [input] = inputs {
+            let schema = match &node.schema {
+                Some(s) => Some(Arc::new(Schema::try_from(s)?)),
+                None => None,
+            };
+            if let Some(state) = state_nodes::decode_node(&node.kind, input, &node.body, schema)? {
+                return Ok(state);
+            }
         }
         if let Some(kind) = self.nodes.writes.iter().find(|k| k.kind == node.kind) {
             let [input] = inputs else {
@@ -173,7 +177,7 @@ impl PhysicalExtensionCodec for WeirCodec {
         if let Some((kind, body)) = state_nodes::encode_node(&node)? {
             let proto = WeirNodeProto {
                 kind: kind.into(),
-                schema: None,
+                schema: Some(node.schema().as_ref().try_into()?),
                 body,
                 keys: Vec::new(),
                 order: Vec::new(),

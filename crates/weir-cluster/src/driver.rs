@@ -36,7 +36,7 @@ use datafusion_distributed::{
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tonic::transport::{ClientTlsConfig, Endpoint};
 use url::Url;
-use weir_core::engine::state_nodes::DedupeStateExec;
+use weir_core::engine::state_nodes::is_state_exec;
 use weir_core::engine::{Cluster, ClusterRun, WorkerTasks};
 use weir_core::error::error_chain;
 use weir_core::source::leaf::find_scan;
@@ -427,15 +427,15 @@ impl ChannelResolver for Channels {
     }
 }
 
-/// As many tasks as the scan can use (the planner caps it at the workers); a
-/// deduplication's state partitions one task per live worker, so they run on the workers
+/// As many tasks as the scan can use (the planner caps it at the workers); a stateful
+/// step's state partitions one task per live worker, so they run on the workers
 /// and spread over all of them even when the batch's read is one task (or none).
 fn task_count(
     kinds: ScanKinds,
     live: &RwLock<Vec<Url>>,
     ev: DesiredTaskCountEvent<'_>,
 ) -> Option<datafusion::error::Result<DesiredTaskCountEventResponse>> {
-    if ev.plan.downcast_ref::<DedupeStateExec>().is_some() {
+    if is_state_exec(ev.plan) {
         let workers = live.read().map(|l| l.len()).unwrap_or(1);
         return Some(Ok(DesiredTaskCountEventResponse::desired(workers.max(1))));
     }
@@ -472,11 +472,9 @@ fn holds_scan(kinds: ScanKinds, plan: &Arc<dyn ExecutionPlan>) -> bool {
     stage_holds(plan, |node| is_scan(kinds, node))
 }
 
-/// Whether the stage headed by `plan` holds a deduplication's state partitions.
+/// Whether the stage headed by `plan` holds a stateful step's state partitions.
 fn holds_state(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    stage_holds(plan, |node| {
-        node.downcast_ref::<DedupeStateExec>().is_some()
-    })
+    stage_holds(plan, is_state_exec)
 }
 
 /// Whether a node of the stage headed by `plan` is `wanted`.

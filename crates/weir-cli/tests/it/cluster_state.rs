@@ -1,6 +1,6 @@
 //! Stateful steps with `[cluster]`: the reads and the steps before the first stateful one
-//! run on three `weir worker` processes; a deduplication's state partitions run there too,
-//! an aggregation's on the driver. Every key passes once through a worker SIGKILLed and
+//! run on three `weir worker` processes, and so do the state partitions of a deduplication
+//! and of an aggregation. Every key passes once through a worker SIGKILLed and
 //! restarted mid-run, a deduplication within the watermark and a windowed count give what
 //! an uninterrupted run gives through kills of the driver at its fault points.
 
@@ -183,8 +183,9 @@ drop-duplicates-within-watermark = ["order_id"]
     }
 }
 
-/// A windowed count and max (order-free aggregates) on the cluster, the driver killed in
-/// batch 2 around its state commit, equals one process's uninterrupted run.
+/// A windowed count and max (order-free aggregates) on the cluster, its state partitions
+/// on the workers and the driver killed in batch 2 around its state commit, equals one
+/// process's uninterrupted run.
 #[tokio::test]
 async fn a_windowed_count_on_a_cluster_through_driver_kills_equals_one_process() {
     let ws = Worker::three(None);
@@ -226,6 +227,61 @@ output-mode = "append"
             "{point}: the cluster's windows are one process's"
         );
     }
+    // The aggregation's state partitions were worked and committed on the workers.
+    let lines: Vec<String> = ws.iter().flat_map(Worker::log_lines).collect();
+    let batch_2: BTreeSet<u32> = lines
+        .iter()
+        .filter_map(|l| l.split("batch 2: state partitions [").nth(1))
+        .flat_map(|rest| {
+            let list = rest.split(']').next().unwrap_or_default();
+            list.split(", ")
+                .filter(|p| !p.is_empty())
+                .map(|p| p.parse::<u32>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(batch_2, BTreeSet::from([0, 1, 2, 3]), "{lines:?}");
+}
+
+/// A sliding-window aggregation in update mode on three workers, one of them SIGKILLed
+/// and started again mid-run, gives every row one process gives: the partitions the dead
+/// worker held are loaded again from the checkpoint by the attempt that follows.
+#[tokio::test]
+async fn a_sliding_window_aggregation_through_a_worker_kill_equals_one_process() {
+    let mut ws = Worker::three(None);
+    let transform = r#"[transform]
+with-watermark = { column = "updated_at", delay = "30 seconds" }
+
+[transform.aggregate]
+group-by = ["status"]
+window = { column = "updated_at", size = "2 minutes", slide = "1 minute" }
+aggregates = ["count(*) AS n", "max(amount) AS top", "approx_count_distinct(order_id) AS ids"]
+output-mode = "update"
+"#;
+    // Order-free aggregates: a floating-point sum's last bits depend on the order it adds
+    // in, which a shuffle does not keep (each task sorts its rows, so a replay on the
+    // cluster gives the same bits; one process adds in file order).
+    let cols = ["status", "window_start", "window_end", "n", "top", "ids"];
+    let run = |workers: &[&Worker]| {
+        let dir = temp_dir();
+        gen_orders(&dir.path().join("in"), 12, 400, 300);
+        let p = stateful_pipeline(dir.path(), workers, transform, 2);
+        (dir, p)
+    };
+    let (alone, p) = run(&[]);
+    let last = run_to_end(&p, &alone.path().join("p.jsonl"));
+    let want = parquet_rows(&alone.path().join("out"), &cols).await;
+    let batches = last["batchId"].as_u64().unwrap() + 1;
+    let (dir, p) = run(&refs(&ws));
+    let progress = dir.path().join("p.jsonl");
+    run_through_a_worker_kill(&p, &progress, &mut ws, 2, batches);
+    let got = parquet_rows(&dir.path().join("out"), &cols).await;
+    assert_eq!(got, want, "the cluster's rows are one process's");
+    let again = progress_reports(&progress).pop().unwrap();
+    assert_eq!(
+        again["stateOperators"][0]["numRowsTotal"], last["stateOperators"][0]["numRowsTotal"],
+        "{again}"
+    );
 }
 
 /// A query refused for its `state-partitions` touches no sink: a new Parquet folder is not

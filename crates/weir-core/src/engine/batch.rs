@@ -141,10 +141,13 @@ async fn partitions_of(table: &MemTable) -> Vec<Vec<RecordBatch>> {
     parts
 }
 
-fn is_dedupe(t: &Transform) -> bool {
+/// Whether `t` keeps state that runs on the workers (a deduplication, an aggregation).
+fn keeps_state_on_workers(t: &Transform) -> bool {
     matches!(
         t,
-        Transform::DropDuplicates(_) | Transform::DropDuplicatesWithinWatermark(_)
+        Transform::DropDuplicates(_)
+            | Transform::DropDuplicatesWithinWatermark(_)
+            | Transform::Aggregate(_)
     )
 }
 
@@ -244,7 +247,7 @@ impl Steps {
 
     /// The function's input for batch `batch_id`'s rows `table`, and the event times seen.
     ///
-    /// On a cluster (`input` is a plan) the steps before the first stateful one (the
+    /// On a cluster (`input` is a plan; with the query's id) the steps before the first stateful one (the
     /// watermark, a deduplication, an aggregation) are planned on it; that plan runs on the
     /// workers there and its rows are held here, where the rest runs. A deduplication
     /// first (or right after the watermark) runs on the workers with that plan, its state
@@ -257,7 +260,7 @@ impl Steps {
         input: BatchInput,
         batch_id: u64,
         event: Option<&EventTime>,
-        cluster: Option<&Arc<dyn Cluster>>,
+        cluster: Option<(&Arc<dyn Cluster>, uuid::Uuid)>,
     ) -> Result<Applied> {
         let mut event_times = EventTimeStats::default();
         let mut on_cluster = None;
@@ -291,22 +294,23 @@ impl Steps {
                 continue;
             }
             let keeps_state = !matches!(t, Transform::Fn(_) | Transform::Sql(_));
-            if let (true, Some(c), true) = (keeps_state, cluster, on_cluster.is_none()) {
+            if let (true, Some((c, query)), true) = (keeps_state, cluster, on_cluster.is_none()) {
                 // A deduplication (after the watermark, or first) runs its state partitions
                 // on the workers; anything else stateful runs here on the workers' rows.
                 let next = self.transforms.get(i + 1);
                 let on_workers = match (t, next) {
-                    (Transform::Watermark { column, .. }, Some(n)) if is_dedupe(n) => {
+                    (Transform::Watermark { column, .. }, Some(n)) if keeps_state_on_workers(n) => {
                         Some((Some(column.as_str()), i + 1))
                     }
-                    (t, _) if is_dedupe(t) => Some((None, i)),
+                    (t, _) if keeps_state_on_workers(t) => Some((None, i)),
                     _ => None,
                 };
                 let mut ops = self.stateful.lock().await;
                 match (on_workers, ops.get_mut(stateful)) {
                     (Some((observe, at)), Some(op)) if op.runs_on_workers() => {
-                        let schema = df.schema().inner().clone();
-                        let plan = op.plan_on_workers(df, batch_id, event, observe).await?;
+                        let (plan, schema) = op
+                            .plan_on_workers(ctx, df, (query, batch_id), event, observe)
+                            .await?;
                         let run = run_on_cluster(c, plan, batch_id).await?;
                         let (rows, seen) = op.ran_on_workers(run.batches, &schema)?;
                         if observe.is_some() {

@@ -31,8 +31,8 @@ pub use stateful::{Aggregation, DEFAULT_STATE_PARTITIONS, OutputMode, check_stat
 /// for the cluster's codec.
 pub mod state_nodes {
     pub use super::stateful::on_workers::{
-        DEDUPE_KIND, DedupeStateExec, PartitionTagExec, StateShuffle, TAG_KIND, decode_node,
-        encode_node,
+        AGG_KIND, AGG_TAG_KIND, AggStateExec, AggTagExec, DEDUPE_KIND, DedupeStateExec,
+        PartitionTagExec, StateShuffle, TAG_KIND, decode_node, encode_node, is_state_exec,
     };
 }
 pub(crate) use transform::check_transforms;

@@ -230,6 +230,11 @@ impl StateStore {
         self.committed.len()
     }
 
+    /// Whether this attempt changed anything (puts or removals not committed yet).
+    pub fn has_changes(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Whether the committed version holds no key.
     pub fn is_empty(&self) -> bool {
         self.committed.is_empty()

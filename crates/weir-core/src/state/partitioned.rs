@@ -122,6 +122,19 @@ impl PartitionedStore {
         })
     }
 
+    /// Puts `store` in as partition `p`'s, giving back the one it held (a worker swaps in
+    /// the partitions it owns, kept from an earlier batch).
+    pub fn replace(&mut self, p: usize, store: StateStore) -> Option<StateStore> {
+        self.parts
+            .get_mut(p)
+            .map(|slot| std::mem::replace(slot, store))
+    }
+
+    /// Partition `p`'s store.
+    pub fn store_mut(&mut self, p: usize) -> Option<&mut StateStore> {
+        self.parts.get_mut(p)
+    }
+
     /// The version every partition holds (`None` if any holds none or another one).
     pub fn version(&self) -> Option<u64> {
         let first = self.parts.first()?.version()?;

@@ -38,10 +38,14 @@ pub(super) fn normalize(p: &Path) -> PathBuf {
 /// Creates `dir` and any missing parents; each folder created is fsynced in its parent, so
 /// the whole chain survives a power cut.
 pub(super) fn create_dir_durable(dir: &Path) -> Result<()> {
+    // Made durable by this process before, and still there: a long-lived process (a
+    // cluster's worker) sees folders deleted and made again under the same name (a
+    // checkpoint started afresh), which it must make again.
     if durable_dirs()
         .lock()
         .map(|s| s.contains(dir))
         .unwrap_or(false)
+        && fs::metadata(dir).is_ok_and(|m| m.is_dir())
     {
         return Ok(());
     }

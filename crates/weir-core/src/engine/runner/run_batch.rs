@@ -44,7 +44,13 @@ impl Runner {
         });
         let applied = self
             .steps
-            .apply(ctx, input, id, event.as_ref(), self.spec.cluster.as_ref())
+            .apply(
+                ctx,
+                input,
+                id,
+                event.as_ref(),
+                self.spec.cluster.as_ref().map(|c| (c, self.shared.id)),
+            )
             .await
             .map_err(self.in_batch(id, "applying the transforms"))?;
         let (df, event_times) = (applied.df, applied.event_times);

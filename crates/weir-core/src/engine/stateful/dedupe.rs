@@ -14,7 +14,7 @@ use datafusion::prelude::{DataFrame, SessionContext};
 
 use super::keys::encode_value;
 use super::on_workers;
-use super::watermark::{self, EventTime, EventTimeStats};
+use super::watermark::{self, EventTime};
 use super::{
     OperatorMetrics, OperatorState, PARALLEL_ROWS, collect_in_order, columns_json, frame,
     key_columns, key_families,
@@ -324,10 +324,10 @@ impl Dedupe {
     pub(super) async fn plan_on_workers(
         &mut self,
         df: DataFrame,
-        batch_id: u64,
+        (query, batch_id): (uuid::Uuid, u64),
         event: Option<&EventTime>,
         observe: Option<&str>,
-    ) -> Result<DataFrame> {
+    ) -> Result<(DataFrame, SchemaRef)> {
         let schema = df.schema().as_arrow().clone();
         let rules = self.rules(&schema, batch_id, event, true).await?;
         let observe = match observe {
@@ -338,6 +338,7 @@ impl Dedupe {
         self.on_workers = None;
         let dir = self.op.state_root.join(&self.op.operator.to_string());
         let spec = on_workers::DedupeSpec::new(
+            query,
             self.op.operator,
             &dir,
             self.op.store.partitions(),
@@ -346,19 +347,7 @@ impl Dedupe {
             &rules,
             observe,
         );
-        on_workers::plan(df, spec)
-    }
-
-    /// The rows the workers passed (of `schema`, the plan's input) out of their output
-    /// `out`, and the event times they saw; what they did is kept for the progress entry.
-    pub(super) fn ran_on_workers(
-        &mut self,
-        out: Vec<RecordBatch>,
-        schema: &SchemaRef,
-    ) -> Result<(Vec<RecordBatch>, EventTimeStats)> {
-        let partitions = self.op.store.partitions();
-        let (rows, ran, event) = on_workers::split(out, schema, partitions, &mut self.metrics)?;
-        self.on_workers = Some(ran);
-        Ok((rows, event))
+        let plan = on_workers::plan(df, on_workers::StateSpec::Dedupe(spec), &schema)?;
+        Ok((plan, Arc::new(schema)))
     }
 }

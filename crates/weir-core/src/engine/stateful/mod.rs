@@ -103,53 +103,80 @@ impl Operator {
         }
     }
 
-    /// Whether the operator's state partitions can run on a cluster's workers (a
-    /// deduplication; an aggregation runs its partitions on the driver).
+    /// Whether the operator's state partitions can run on a cluster's workers.
     pub(crate) fn runs_on_workers(&self) -> bool {
-        matches!(self, Operator::Dedupe(_))
+        true
     }
 
-    /// Batch `batch_id`'s rows `df` with the operator on top, to run on the workers (see
-    /// [`on_workers`]); `observe`: the watermark's column when its step comes right before.
+    /// Batch `batch_id`'s rows `df` of query `query` with the operator on top, to run on the
+    /// workers (see [`on_workers`]), and the schema of the rows it gives; `observe`: the
+    /// watermark's column when its step comes right before.
     pub(crate) async fn plan_on_workers(
         &mut self,
+        ctx: &SessionContext,
         df: DataFrame,
-        batch_id: u64,
+        (query, batch_id): (uuid::Uuid, u64),
         event: Option<&EventTime>,
         observe: Option<&str>,
-    ) -> Result<DataFrame> {
+    ) -> Result<(DataFrame, SchemaRef)> {
         match self {
-            Operator::Dedupe(d) => d.plan_on_workers(df, batch_id, event, observe).await,
-            Operator::Aggregate(_) => Err(Error::Internal {
-                what: "an aggregation's partitions do not run on workers".into(),
-            }),
+            Operator::Dedupe(d) => {
+                d.plan_on_workers(df, (query, batch_id), event, observe)
+                    .await
+            }
+            Operator::Aggregate(a) => {
+                let schema = Arc::new(df.schema().as_arrow().clone());
+                let observe = match observe {
+                    Some(column) => Some(watermark::column_index(&schema, column)?),
+                    None => None,
+                };
+                let (sketch, out) = a.prepare_for_workers(ctx, schema, batch_id, event).await?;
+                a.on_workers = None;
+                let spec = on_workers::AggSpec::new(
+                    query,
+                    a.op.operator,
+                    &a.op.state_root,
+                    a.op.store.partitions(),
+                    a.op.settings.conf,
+                    batch_id,
+                    a.spec().clone(),
+                    event.cloned(),
+                    sketch,
+                    observe,
+                );
+                let plan = on_workers::plan(df, on_workers::StateSpec::Aggregate(spec), &out)?;
+                Ok((plan, out))
+            }
         }
     }
 
-    /// The rows the workers passed (of `schema`) out of the output of
-    /// [`Self::plan_on_workers`]'s plan, and the event times they saw.
+    /// The rows the workers gave (of `schema`, from [`Self::plan_on_workers`]) out of its
+    /// plan's output `out`, and the event times they saw.
     pub(crate) fn ran_on_workers(
         &mut self,
         out: Vec<RecordBatch>,
         schema: &SchemaRef,
     ) -> Result<(Vec<RecordBatch>, EventTimeStats)> {
-        match self {
-            Operator::Dedupe(d) => d.ran_on_workers(out, schema),
-            Operator::Aggregate(_) => Err(Error::Internal {
-                what: "an aggregation's partitions do not run on workers".into(),
-            }),
-        }
+        let (op, metrics, ran) = match self {
+            Operator::Dedupe(d) => (&d.op, &mut d.metrics, &mut d.on_workers),
+            Operator::Aggregate(a) => (&a.op, &mut a.metrics, &mut a.on_workers),
+        };
+        let (rows, done, event) = on_workers::split(out, schema, op.store.partitions(), metrics)?;
+        *ran = Some(done);
+        Ok((rows, event))
     }
 
     /// Commits the batch's updates as the next version; its progress entry (Spark's fields).
     pub(crate) async fn commit(&mut self) -> Result<serde_json::Value> {
-        if let Operator::Dedupe(d) = self
-            && let Some(ran) = d.on_workers.take()
-        {
+        let (state, m, on_workers) = match self {
+            Operator::Dedupe(d) => (&d.op, &d.metrics, &mut d.on_workers),
+            Operator::Aggregate(a) => (&a.op, &a.metrics, &mut a.on_workers),
+        };
+        if let Some(ran) = on_workers.take() {
             // The workers committed each partition as they ran it.
-            let parts = d.op.store.partitions();
+            let parts = state.store.partitions();
             return Ok(progress_entry(
-                &d.metrics,
+                m,
                 ran.rows_total,
                 ran.memory_bytes,
                 ran.commit_ms,

@@ -25,7 +25,7 @@ use super::hll_tables::{BIASES_P9, RAW_ESTIMATES_P9, THRESHOLD_P9};
 
 /// How an operator's sketches hash and estimate: recorded as `_metadata/sketch` when its
 /// state is first written (no such file: state written before, [`Sketch::Legacy`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(in crate::engine::stateful) enum Sketch {
     Spark,
     Legacy,

@@ -34,7 +34,9 @@ mod hll;
 mod hll_tables;
 mod operator;
 
+pub(in crate::engine::stateful) use hll::Sketch;
 pub(crate) use operator::Aggregate;
+pub(in crate::engine::stateful) use operator::{Shape, expansions, state_key};
 
 use super::keys::{decode_value, family};
 use super::{key_columns, key_families};
@@ -47,7 +49,7 @@ const KEY: &str = "transform.aggregate";
 pub(super) const OPERATOR_NAME: &str = "stateStoreSave";
 
 /// Which rows an aggregation passes on each batch (Spark's output modes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum OutputMode {
     /// Each window once, when the watermark passes its end (Spark's default).
     #[default]
@@ -74,7 +76,7 @@ impl FromStr for OutputMode {
 }
 
 /// An event-time window: `size` long, starting every `slide` (tumbling if they are equal).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Window {
     pub column: String,
     pub size: Duration,
@@ -82,7 +84,7 @@ pub struct Window {
 }
 
 /// A streaming aggregation (see the module documentation).
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Aggregation {
     pub group_by: Vec<String>,
     pub window: Option<Window>,
@@ -272,7 +274,7 @@ impl Aggregation {
 }
 
 /// The aggregation's columns in a batch's schema.
-struct Columns {
+pub(in crate::engine::stateful) struct Columns {
     groups: Vec<usize>,
     families: Vec<String>,
     /// The window column's index, size and slide (µs) and time zone.
@@ -468,7 +470,7 @@ fn key_columns_or_none(schema: &Schema, keys: &[String]) -> Result<Vec<usize>> {
 
 /// What a group's entry leaves the state by, when the watermark passes it.
 #[derive(Debug, Clone, Copy)]
-enum Expiry {
+pub(in crate::engine::stateful) enum Expiry {
     /// The end of its window (start + this size, µs).
     WindowEnd(i64),
     /// The value of this group column (the event-time column).

@@ -42,10 +42,13 @@ pub(crate) struct Aggregate {
     pub(in crate::engine::stateful) metrics: OperatorMetrics,
     /// How the state's sketches hash and estimate, once known.
     sketch: Option<Sketch>,
+    /// What the workers did in this batch, when it ran there: its partitions are
+    /// committed already.
+    pub(in crate::engine::stateful) on_workers: Option<crate::engine::stateful::on_workers::Ran>,
 }
 
 /// Where a batch's columns are, and how its groups leave the state.
-struct Shape<'e> {
+pub(in crate::engine::stateful) struct Shape<'e> {
     schema: SchemaRef,
     columns: Columns,
     /// The watermark and its column's index, unless the output mode is complete.
@@ -56,7 +59,26 @@ struct Shape<'e> {
     sketch: Sketch,
 }
 
-impl Shape<'_> {
+impl<'e> Shape<'e> {
+    /// The shape of a batch of `schema` for aggregation `spec` (parsed as `exprs`), with
+    /// the batch's watermark `event` and the state's `sketch`.
+    pub(in crate::engine::stateful) fn of(
+        spec: &Aggregation,
+        exprs: &[AggExpr],
+        schema: SchemaRef,
+        event: Option<&'e EventTime>,
+        sketch: Sketch,
+    ) -> Result<Shape<'e>> {
+        let (columns, event, expiry) = layout(spec, exprs, &schema, event)?;
+        Ok(Shape {
+            schema,
+            columns,
+            event,
+            expiry,
+            sketch,
+        })
+    }
+
     fn windowed(&self) -> bool {
         self.columns.window.is_some()
     }
@@ -101,6 +123,7 @@ impl Aggregate {
             exprs,
             metrics: OperatorMetrics::new(OPERATOR_NAME),
             sketch: None,
+            on_workers: None,
         })
     }
 
@@ -112,7 +135,7 @@ impl Aggregate {
         event: Option<&EventTime>,
     ) -> Result<DataFrame> {
         let schema = Arc::new(df.schema().as_arrow().clone());
-        let shape = self.shape(schema, batch_id, event).await?;
+        let shape = self.shape(schema, batch_id, event, true).await?;
         let batches = collect_in_order(df, batch_id, KEY).await?;
         let all = concat_batches(&shape.schema, &batches)
             .map_err(|e| Error::datafusion(KEY, e.into()))?;
@@ -130,6 +153,75 @@ impl Aggregate {
         )
     }
 
+    /// An aggregation run by a worker's task over the state partitions it owns (see
+    /// `engine::stateful::on_workers`): `op`'s store holds them, `sketch` is what the
+    /// driver found the state written with.
+    pub(in crate::engine::stateful) fn for_worker(
+        op: OperatorState,
+        spec: Aggregation,
+        sketch: Sketch,
+    ) -> Result<Self> {
+        let mut a = Aggregate::new(op, spec)?;
+        a.sketch = Some(sketch);
+        Ok(a)
+    }
+
+    /// The aggregation's spec.
+    pub(in crate::engine::stateful) fn spec(&self) -> &Aggregation {
+        &self.spec
+    }
+
+    /// For a run on the workers, on the driver: the state's metadata checked for a batch
+    /// of `schema` (not loaded), the sketch the state uses, and the schema of the rows
+    /// the aggregation gives (found by aggregating no rows).
+    pub(in crate::engine::stateful) async fn prepare_for_workers(
+        &mut self,
+        ctx: &SessionContext,
+        schema: SchemaRef,
+        batch_id: u64,
+        event: Option<&EventTime>,
+    ) -> Result<(Sketch, SchemaRef)> {
+        let shape = self.shape(schema, batch_id, event, false).await?;
+        let empty = RecordBatch::new_empty(Arc::clone(&shape.schema));
+        let partials = partials(ctx, &self.exprs, &empty, vec![], vec![], &shape, batch_id).await?;
+        let out = output(
+            ctx,
+            &self.exprs,
+            Vec::new(),
+            &shape,
+            &partials.slot_types,
+            self.op.store_path(),
+        )?;
+        Ok((shape.sketch, Arc::new(out.schema().as_arrow().clone())))
+    }
+
+    /// On a worker: aggregates `all` (rows already one per window, each window's start in
+    /// `starts`, none late) into the state, and gives what the output mode passes on.
+    pub(in crate::engine::stateful) async fn run_expanded(
+        &mut self,
+        ctx: &SessionContext,
+        shape: &Shape<'_>,
+        all: &RecordBatch,
+        starts: Vec<i64>,
+        batch_id: u64,
+    ) -> Result<Vec<RecordBatch>> {
+        let rows = (0..all.num_rows() as u32).collect();
+        let partials = partials(ctx, &self.exprs, all, rows, starts, shape, batch_id).await?;
+        let updated = self.merge(&partials, shape, batch_id)?;
+        let out = self.emit(updated, shape)?;
+        output(
+            ctx,
+            &self.exprs,
+            out,
+            shape,
+            &partials.slot_types,
+            self.op.store_path(),
+        )?
+        .collect()
+        .await
+        .map_err(|e| Error::datafusion(format!("batch {batch_id}: {KEY}"), e))
+    }
+
     /// Phase 1: the batch's columns, what leaves the state by the watermark, and the state's
     /// metadata checked against this aggregation.
     async fn shape<'e>(
@@ -137,28 +229,9 @@ impl Aggregate {
         schema: SchemaRef,
         batch_id: u64,
         event: Option<&'e EventTime>,
+        load: bool,
     ) -> Result<Shape<'e>> {
-        let columns = self.spec.resolve(&schema, &self.exprs)?;
-        let event = match event {
-            Some(e) => e.index_in(&schema)?.map(|i| (e, i)),
-            None => None,
-        };
-        // Complete mode keeps every group and counts every row, late or not (Spark).
-        let event = event.filter(|_| self.spec.output_mode != OutputMode::Complete);
-        // Groups leave the state (and close, in append mode) by the watermark if it is on
-        // the window's column (by the window's end) or on a group column (by its value).
-        let expiry = match (&columns.window, event) {
-            (Some((w, size, ..)), Some((e, i))) if *w == i => Some((e, Expiry::WindowEnd(*size))),
-            (None, Some((e, i))) => columns
-                .groups
-                .iter()
-                .position(|g| *g == i)
-                .map(|pos| (e, Expiry::Group(pos))),
-            _ => None,
-        };
-        if self.spec.output_mode == OutputMode::Append && expiry.is_none() {
-            return Err(Error::config(KEY, APPEND_NEEDS));
-        }
+        let (columns, event, expiry) = layout(&self.spec, &self.exprs, &schema, event)?;
         let description = || {
             serde_json::json!({
             "groupBy": columns_json(&self.spec.group_by, &columns.families),
@@ -182,7 +255,7 @@ impl Aggregate {
                 "aggregation",
                 description,
                 KEY,
-                true,
+                load,
             )
             .await?;
         let sketch = self.sketch(batch_id).await?;
@@ -236,57 +309,17 @@ impl Aggregate {
     /// four late rows of one group and window count 1 (checked with PySpark 4.3.0: 9 late
     /// rows in 3 groups and windows, split over two files, counted 3).
     fn expand(&mut self, all: &RecordBatch, shape: &Shape<'_>) -> Result<(Vec<u32>, Vec<i64>)> {
+        let ex = expansions(all, shape)?;
         let mut late: HashSet<(Vec<u8>, i64)> = HashSet::new();
-        let mut late_of = |row: usize, start: i64| {
+        for (row, start) in ex.late {
             let mut key = Vec::new();
             for g in &shape.columns.groups {
-                encode_value(&mut key, all.column(*g), row);
+                encode_value(&mut key, all.column(*g), row as usize);
             }
             late.insert((key, start));
-        };
-        let window = &shape.columns.window;
-        let windowed_watermark = match shape.expiry {
-            Some((e, Expiry::WindowEnd(_))) => Some(e),
-            _ => None,
-        };
-        let mut rows: Vec<u32> = Vec::with_capacity(all.num_rows());
-        let mut starts: Vec<i64> = Vec::new();
-        let times = match (window, shape.event) {
-            (Some((i, ..)), _) => Some(watermark::micros(all.column(*i))?),
-            (None, Some((_, i))) => Some(watermark::micros(all.column(i))?),
-            (None, None) => None,
-        };
-        for row in 0..all.num_rows() {
-            let t = times.as_ref().and_then(|t| t[row]);
-            match (window, t) {
-                // Spark drops rows without an event time from windowed aggregations.
-                (Some(_), None) => {}
-                (Some((_, size, slide, _)), Some(t)) => {
-                    let mut start = t - t.rem_euclid(*slide);
-                    while start > t - size {
-                        let end = start + size;
-                        if windowed_watermark.is_some_and(|e| e.late(end)) {
-                            late_of(row, start);
-                        } else {
-                            rows.push(row as u32);
-                            starts.push(start);
-                        }
-                        start -= slide;
-                    }
-                }
-                (None, t) => {
-                    if let (Some((e, _)), Some(t)) = (shape.event, t)
-                        && e.late(t)
-                    {
-                        late_of(row, 0);
-                        continue;
-                    }
-                    rows.push(row as u32);
-                }
-            }
         }
         self.metrics.dropped_late += late.len() as u64;
-        Ok((rows, starts))
+        Ok((ex.rows, ex.starts))
     }
 
     /// Phase 4: merges the partial results into the state; the keys it changed.
@@ -409,6 +442,123 @@ impl Aggregate {
             (window_start(&a.0).unwrap_or(0), &a.0).cmp(&(window_start(&b.0).unwrap_or(0), &b.0))
         });
         Ok(out)
+    }
+}
+
+/// Where the aggregation `spec` (parsed as `exprs`) finds its columns in `schema`, the
+/// watermark and its column (none in complete mode), and what a group leaves the state by;
+/// append mode without an expiry is refused.
+#[allow(clippy::type_complexity)]
+fn layout<'e>(
+    spec: &Aggregation,
+    exprs: &[AggExpr],
+    schema: &SchemaRef,
+    event: Option<&'e EventTime>,
+) -> Result<(
+    Columns,
+    Option<(&'e EventTime, usize)>,
+    Option<(&'e EventTime, Expiry)>,
+)> {
+    let columns = spec.resolve(schema, exprs)?;
+    let event = match event {
+        Some(e) => e.index_in(schema)?.map(|i| (e, i)),
+        None => None,
+    };
+    // Complete mode keeps every group and counts every row, late or not (Spark).
+    let event = event.filter(|_| spec.output_mode != OutputMode::Complete);
+    // Groups leave the state (and close, in append mode) by the watermark if it is on
+    // the window's column (by the window's end) or on a group column (by its value).
+    let expiry = match (&columns.window, event) {
+        (Some((w, size, ..)), Some((e, i))) if *w == i => Some((e, Expiry::WindowEnd(*size))),
+        (None, Some((e, i))) => columns
+            .groups
+            .iter()
+            .position(|g| *g == i)
+            .map(|pos| (e, Expiry::Group(pos))),
+        _ => None,
+    };
+    if spec.output_mode == OutputMode::Append && expiry.is_none() {
+        return Err(Error::config(KEY, APPEND_NEEDS));
+    }
+    Ok((columns, event, expiry))
+}
+
+/// A batch's rows as the aggregation takes them: one per (row, window), each with its
+/// window's start (0 without a window), and the late ones apart.
+#[derive(Debug, Default)]
+pub(in crate::engine::stateful) struct Expanded {
+    pub(in crate::engine::stateful) rows: Vec<u32>,
+    pub(in crate::engine::stateful) starts: Vec<i64>,
+    /// Late (row, window start) pairs, counted by (group, window) and dropped.
+    pub(in crate::engine::stateful) late: Vec<(u32, i64)>,
+}
+
+/// The rows of `all` to aggregate by `shape`, one per (row, window), and the late ones.
+pub(in crate::engine::stateful) fn expansions(
+    all: &RecordBatch,
+    shape: &Shape<'_>,
+) -> Result<Expanded> {
+    let window = &shape.columns.window;
+    let windowed_watermark = match shape.expiry {
+        Some((e, Expiry::WindowEnd(_))) => Some(e),
+        _ => None,
+    };
+    let mut out = Expanded {
+        rows: Vec::with_capacity(all.num_rows()),
+        ..Expanded::default()
+    };
+    let times = match (window, shape.event) {
+        (Some((i, ..)), _) => Some(watermark::micros(all.column(*i))?),
+        (None, Some((_, i))) => Some(watermark::micros(all.column(i))?),
+        (None, None) => None,
+    };
+    for row in 0..all.num_rows() {
+        let t = times.as_ref().and_then(|t| t[row]);
+        match (window, t) {
+            // Spark drops rows without an event time from windowed aggregations.
+            (Some(_), None) => {}
+            (Some((_, size, slide, _)), Some(t)) => {
+                let mut start = t - t.rem_euclid(*slide);
+                while start > t - size {
+                    let end = start + size;
+                    if windowed_watermark.is_some_and(|e| e.late(end)) {
+                        out.late.push((row as u32, start));
+                    } else {
+                        out.rows.push(row as u32);
+                        out.starts.push(start);
+                    }
+                    start -= slide;
+                }
+            }
+            (None, t) => {
+                if let (Some((e, _)), Some(t)) = (shape.event, t)
+                    && e.late(t)
+                {
+                    out.late.push((row as u32, 0));
+                    continue;
+                }
+                out.rows.push(row as u32);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The state key of row `row` of `all` in the window starting at `start`: the window's
+/// start (when windowed), then the group columns, as the state holds it.
+pub(in crate::engine::stateful) fn state_key(
+    out: &mut Vec<u8>,
+    all: &RecordBatch,
+    shape: &Shape<'_>,
+    row: usize,
+    start: i64,
+) {
+    if shape.windowed() {
+        let s: ArrayRef = Arc::new(Int64Array::from(vec![start]));
+        encode_value(out, &s, 0);
+    }
+    for g in &shape.columns.groups {
+        encode_value(out, all.column(*g), row);
     }
 }
 

@@ -33,7 +33,11 @@ use crate::error::{Error, Result};
 use crate::state::{StateConf, StateStore, partition_of};
 use crate::storage::{Location, StorageOptions};
 
-fn props(schema: SchemaRef, partitions: usize, emission: EmissionType) -> Arc<PlanProperties> {
+pub(super) fn props(
+    schema: SchemaRef,
+    partitions: usize,
+    emission: EmissionType,
+) -> Arc<PlanProperties> {
     Arc::new(PlanProperties::new(
         EquivalenceProperties::new(schema),
         Partitioning::UnknownPartitioning(partitions),
@@ -295,25 +299,38 @@ fn output(out: &SchemaRef, rows: RecordBatch, meta: &Meta) -> DfResult<Vec<Recor
     Ok(vec![passed, side])
 }
 
-/// Partition stores a worker committed, kept for its next batch (by the partition's URL).
+/// Partition stores a worker committed, kept for its next batch (by the query's id and the
+/// partition's URL).
 static KEPT: LazyLock<Mutex<HashMap<String, StateStore>>> = LazyLock::new(Default::default);
 
-fn kept(url: &str) -> Option<StateStore> {
-    KEPT.lock().ok().and_then(|mut k| k.remove(url))
+/// The store kept under `key` if it holds `version` (one that holds another is let go: a
+/// fresh store lists and reads the checkpoint as it is now).
+pub(super) fn kept(key: &str, version: u64) -> Option<StateStore> {
+    KEPT.lock()
+        .ok()
+        .and_then(|mut k| k.remove(key))
+        .filter(|s| s.version() == Some(version))
 }
 
-fn keep(url: String, store: StateStore) {
+pub(super) fn keep(url: String, store: StateStore) {
     if let Ok(mut k) = KEPT.lock() {
         k.insert(url, store);
     }
 }
 
 /// Lets go of the partitions of the operator in `dir` kept at a version older than
-/// `batch_id`: another worker ran them since (versions only grow, and a store is reused
-/// only at the version it holds), so they would never be used again.
-fn forget_older(dir: &str, batch_id: u64) {
+/// `batch_id` (another worker ran them since: versions only grow, and a store is reused
+/// only at the version it holds) or for another query (a checkpoint deleted and made
+/// again on the same path).
+pub(super) fn forget_older(query: &uuid::Uuid, dir: &str, batch_id: u64) {
+    let query = query.to_string();
     if let Ok(mut k) = KEPT.lock() {
-        k.retain(|url, s| !url.starts_with(dir) || s.version().is_some_and(|v| v >= batch_id));
+        k.retain(|key, s| match key.split_once(' ') {
+            Some((q, url)) if url.starts_with(dir) => {
+                q == query && s.version().is_some_and(|v| v >= batch_id)
+            }
+            _ => true,
+        });
     }
 }
 
@@ -422,16 +439,14 @@ async fn run(spec: &DedupeSpec, all: RecordBatch) -> Result<(RecordBatch, Meta)>
     let storage = StorageOptions::new(spec.storage.clone())?;
     let dir = Location::parse("checkpoint", &spec.dir, None, &storage)?;
     let enc = encode_keys(&rows, &rules, spec.partitions, &mut meta.dropped_late)?;
-    forget_older(dir.url().as_str(), spec.batch_id);
+    forget_older(&spec.query, dir.url().as_str(), spec.batch_id);
     let mut mask = vec![false; rows.num_rows()];
     let mut update_ms = 0;
     for p in owned {
         let part_dir = dir.join(&p.to_string());
-        let url = part_dir.url().to_string();
-        let mut store = match kept(&url) {
-            Some(s) => s,
-            None => StateStore::new(part_dir, conf),
-        };
+        let url = format!("{} {}", spec.query, part_dir.url());
+        let mut store =
+            kept(&url, spec.batch_id).unwrap_or_else(|| StateStore::new(part_dir, conf));
         store.relist().await?;
         store.load(spec.batch_id).await?;
         store.purge().await?;

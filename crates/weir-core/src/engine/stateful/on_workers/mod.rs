@@ -66,7 +66,11 @@ use crate::error::{Error, Result};
 use crate::state::StateConf;
 use crate::storage::Location;
 
+mod aggregate;
 mod exec;
+
+pub(crate) use aggregate::AggSpec;
+pub use aggregate::{AggStateExec, AggTagExec};
 
 use exec::TagBody;
 pub(crate) use exec::orderable;
@@ -76,6 +80,36 @@ pub use exec::{DedupeStateExec, PartitionTagExec};
 pub const TAG_KIND: &str = "weir.StatePartitionTag.v1";
 /// The deduplication node on the wire.
 pub const DEDUPE_KIND: &str = "weir.DedupeState.v1";
+/// The aggregation's tagging node on the wire.
+pub const AGG_TAG_KIND: &str = "weir.AggregateTag.v1";
+/// The aggregation node on the wire.
+pub const AGG_KIND: &str = "weir.AggregateState.v1";
+
+/// Whether `node` works state partitions (its stage is the state's).
+pub fn is_state_exec(node: &Arc<dyn ExecutionPlan>) -> bool {
+    node.downcast_ref::<DedupeStateExec>().is_some()
+        || node.downcast_ref::<AggStateExec>().is_some()
+}
+
+fn is_tag_exec(node: &Arc<dyn ExecutionPlan>) -> bool {
+    node.downcast_ref::<PartitionTagExec>().is_some() || node.downcast_ref::<AggTagExec>().is_some()
+}
+
+/// What a stateful operator on the workers needs.
+#[derive(Debug, Clone)]
+pub(crate) enum StateSpec {
+    Dedupe(DedupeSpec),
+    Aggregate(AggSpec),
+}
+
+impl StateSpec {
+    fn describe(&self) -> (u32, u64) {
+        match self {
+            StateSpec::Dedupe(d) => (d.operator, d.batch_id),
+            StateSpec::Aggregate(a) => (a.operator, a.batch_id),
+        }
+    }
+}
 
 /// The tag: the state partition of the row's key.
 const PART_COL: &str = "__weir_state_partition";
@@ -87,6 +121,9 @@ const META_COL: &str = "__weir_state";
 /// What a deduplication on the workers needs: all of it travels with the plan.
 #[derive(Clone, Serialize, Deserialize)]
 pub(crate) struct DedupeSpec {
+    /// The query's id (its checkpoint's): a worker keeps partitions by it, so a checkpoint
+    /// deleted and made again on the same path is not taken for the old one.
+    query: uuid::Uuid,
     operator: u32,
     /// `state/<operator>` as a URL (as parsed, percent-encoded) and the object store's
     /// settings there (never shown).
@@ -121,7 +158,9 @@ impl fmt::Debug for DedupeSpec {
 impl DedupeSpec {
     /// The spec of operator `operator`, whose state is in `dir` in `partitions`
     /// partitions, for batch `batch_id`'s rows by `rules`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
+        query: uuid::Uuid,
         operator: u32,
         dir: &Location,
         partitions: u32,
@@ -131,6 +170,7 @@ impl DedupeSpec {
         observe: Option<usize>,
     ) -> DedupeSpec {
         DedupeSpec {
+            query,
             operator,
             dir: dir.url().to_string(),
             storage: dir.options().as_map().clone(),
@@ -182,16 +222,17 @@ pub(crate) struct Ran {
     pub(super) commit_ms: u64,
 }
 
-/// `df` with the deduplication `spec` on top, to run on the workers.
-pub(super) fn plan(df: DataFrame, spec: DedupeSpec) -> Result<DataFrame> {
+/// `df` with the stateful operator `spec` on top, to run on the workers: its output is
+/// rows of `data` (the deduplication's input schema, the aggregation's output) and the
+/// tasks' side rows.
+pub(super) fn plan(df: DataFrame, spec: StateSpec, data: &Schema) -> Result<DataFrame> {
     let (state, input) = df.into_parts();
-    let data = Arc::new(input.schema().as_arrow().clone());
-    let out = out_schema(&data);
+    let out = out_schema(data);
     let schema = Arc::new(
         DFSchema::try_from(out.as_ref().clone())
-            .map_err(|e| Error::datafusion("planning the deduplication on the workers", e))?,
+            .map_err(|e| Error::datafusion("planning a stateful step on the workers", e))?,
     );
-    let node = DedupeNode {
+    let node = StateNode {
         input,
         spec: Arc::new(spec),
         schema,
@@ -204,8 +245,8 @@ pub(super) fn plan(df: DataFrame, spec: DedupeSpec) -> Result<DataFrame> {
     ))
 }
 
-/// The workers' output `out` for a deduplication of `partitions` state partitions: its
-/// rows (as `data`, the batch's schema), the tasks' totals, and the event times they saw.
+/// The workers' output `out` for a stateful operator of `partitions` state partitions:
+/// its rows (as `data`), the tasks' totals, and the event times they saw.
 /// An error unless every partition was committed by exactly one task.
 pub(super) fn split(
     out: Vec<RecordBatch>,
@@ -263,8 +304,7 @@ pub(super) fn split(
     if !wrong.is_empty() {
         return Err(Error::Cluster {
             reason: format!(
-                "the workers committed the deduplication's state partitions other than once \
-                 each: {}",
+                "the workers committed the state partitions other than once each: {}",
                 wrong.join(", ")
             ),
         });
@@ -293,39 +333,38 @@ fn out_schema(data: &Schema) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// The logical form of the deduplication on the workers.
+/// The logical form of a stateful operator on the workers.
 #[derive(Debug, Clone)]
-struct DedupeNode {
+struct StateNode {
     input: LogicalPlan,
-    spec: Arc<DedupeSpec>,
+    spec: Arc<StateSpec>,
     schema: DFSchemaRef,
 }
 
-impl PartialEq for DedupeNode {
+impl PartialEq for StateNode {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.spec, &other.spec) && self.input == other.input
     }
 }
 
-impl Eq for DedupeNode {}
+impl Eq for StateNode {}
 
-impl Hash for DedupeNode {
+impl Hash for StateNode {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.spec.dir.hash(state);
-        self.spec.batch_id.hash(state);
+        self.spec.describe().hash(state);
         self.input.hash(state);
     }
 }
 
-impl PartialOrd for DedupeNode {
+impl PartialOrd for StateNode {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         (self == other).then_some(std::cmp::Ordering::Equal)
     }
 }
 
-impl UserDefinedLogicalNodeCore for DedupeNode {
+impl UserDefinedLogicalNodeCore for StateNode {
     fn name(&self) -> &str {
-        "DedupeOnWorkers"
+        "StateOnWorkers"
     }
 
     fn inputs(&self) -> Vec<&LogicalPlan> {
@@ -341,17 +380,14 @@ impl UserDefinedLogicalNodeCore for DedupeNode {
     }
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "DedupeOnWorkers: operator {}, batch {}",
-            self.spec.operator, self.spec.batch_id
-        )
+        let (operator, batch) = self.spec.describe();
+        write!(f, "StateOnWorkers: operator {operator}, batch {batch}")
     }
 
     fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> DfResult<Self> {
         let [input] = <[_; 1]>::try_from(inputs)
-            .map_err(|_| DataFusionError::Internal("DedupeOnWorkers takes one input".into()))?;
-        Ok(DedupeNode {
+            .map_err(|_| DataFusionError::Internal("StateOnWorkers takes one input".into()))?;
+        Ok(StateNode {
             input,
             spec: Arc::clone(&self.spec),
             schema: Arc::clone(&self.schema),
@@ -359,7 +395,7 @@ impl UserDefinedLogicalNodeCore for DedupeNode {
     }
 }
 
-/// Plans [`DedupeNode`]s (part of weir's query planner); [`StateShuffle`] then puts the
+/// Plans [`StateNode`]s (part of weir's query planner); [`StateShuffle`] then puts the
 /// shuffle by partition between the two nodes.
 #[derive(Debug)]
 pub(crate) struct StatePlanner;
@@ -375,23 +411,27 @@ impl ExtensionPlanner for StatePlanner {
         _session: &dyn Session,
         _planning_ctx: &PhysicalPlanningContext,
     ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
-        let Some(node) = node.as_any().downcast_ref::<DedupeNode>() else {
+        let Some(node) = node.as_any().downcast_ref::<StateNode>() else {
             return Ok(None);
         };
         let [input] = physical_inputs else {
             return Err(DataFusionError::Internal(
-                "DedupeOnWorkers takes one input".into(),
+                "StateOnWorkers takes one input".into(),
             ));
         };
-        let tag = PartitionTagExec::new(
-            Arc::clone(input),
-            node.spec.keys.clone(),
-            node.spec.partitions,
-        );
-        Ok(Some(Arc::new(DedupeStateExec::new(
-            Arc::new(tag),
-            Arc::clone(&node.spec),
-        ))))
+        let input = Arc::clone(input);
+        Ok(Some(match node.spec.as_ref() {
+            StateSpec::Dedupe(d) => {
+                let tag = PartitionTagExec::new(input, d.keys.clone(), d.partitions);
+                Arc::new(DedupeStateExec::new(Arc::new(tag), Arc::new(d.clone())))
+            }
+            StateSpec::Aggregate(a) => {
+                let a = Arc::new(a.clone());
+                let tag = AggTagExec::new(input, Arc::clone(&a));
+                let out = Arc::new(node.schema.as_arrow().clone());
+                Arc::new(AggStateExec::new(Arc::new(tag), a, out))
+            }
+        }))
     }
 }
 
@@ -410,12 +450,14 @@ impl PhysicalOptimizerRule for StateShuffle {
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let target = config.execution.target_partitions.max(1);
         plan.transform_up(|node| {
-            let Some(dedupe) = node.downcast_ref::<DedupeStateExec>() else {
+            if !is_state_exec(&node) {
+                return Ok(Transformed::no(node));
+            }
+            let Some(mut child) = node.children().first().map(|c| Arc::clone(*c)) else {
                 return Ok(Transformed::no(node));
             };
-            let mut child = Arc::clone(&dedupe.input);
             loop {
-                if child.downcast_ref::<PartitionTagExec>().is_some() {
+                if is_tag_exec(&child) {
                     break;
                 }
                 let below = if child.downcast_ref::<RepartitionExec>().is_some()
@@ -427,7 +469,8 @@ impl PhysicalOptimizerRule for StateShuffle {
                 };
                 child = below.ok_or_else(|| {
                     DataFusionError::Internal(format!(
-                        "DedupeStateExec over {} instead of its partition tag",
+                        "{} over {} instead of its partition tag",
+                        node.name(),
                         child.name()
                     ))
                 })?;
@@ -457,7 +500,8 @@ impl PhysicalOptimizerRule for StateShuffle {
     }
 }
 
-/// The node as plain data for the wire, if it is one of this module's: its kind and body.
+/// The node as plain data for the wire, if it is one of this module's: its kind and body
+/// (the codec sends its output schema with it).
 pub fn encode_node(node: &Arc<dyn ExecutionPlan>) -> DfResult<Option<(&'static str, String)>> {
     if let Some(t) = node.downcast_ref::<PartitionTagExec>() {
         let b = TagBody {
@@ -469,14 +513,22 @@ pub fn encode_node(node: &Arc<dyn ExecutionPlan>) -> DfResult<Option<(&'static s
     if let Some(d) = node.downcast_ref::<DedupeStateExec>() {
         return Ok(Some((DEDUPE_KIND, json(d.spec.as_ref())?)));
     }
+    if let Some(t) = node.downcast_ref::<AggTagExec>() {
+        return Ok(Some((AGG_TAG_KIND, json(t.spec.as_ref())?)));
+    }
+    if let Some(a) = node.downcast_ref::<AggStateExec>() {
+        return Ok(Some((AGG_KIND, json(a.spec.as_ref())?)));
+    }
     Ok(None)
 }
 
-/// Rebuilds a node of kind `kind` over `input` from its body; `None` for another kind.
+/// Rebuilds a node of kind `kind` over `input` from its body (and the output schema the
+/// node came with, which an aggregation needs); `None` for another kind.
 pub fn decode_node(
     kind: &str,
     input: &Arc<dyn ExecutionPlan>,
     body: &str,
+    schema: Option<SchemaRef>,
 ) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
     let parse = |e: serde_json::Error| DataFusionError::Internal(format!("decoding {kind}: {e}"));
     Ok(match kind {
@@ -493,6 +545,21 @@ pub fn decode_node(
             Some(Arc::new(DedupeStateExec::new(
                 Arc::clone(input),
                 Arc::new(spec),
+            )))
+        }
+        AGG_TAG_KIND => {
+            let spec: AggSpec = serde_json::from_str(body).map_err(parse)?;
+            Some(Arc::new(AggTagExec::new(Arc::clone(input), Arc::new(spec))))
+        }
+        AGG_KIND => {
+            let spec: AggSpec = serde_json::from_str(body).map_err(parse)?;
+            let out = schema.ok_or_else(|| {
+                DataFusionError::Internal(format!("{AGG_KIND} without its output schema"))
+            })?;
+            Some(Arc::new(AggStateExec::new(
+                Arc::clone(input),
+                Arc::new(spec),
+                out,
             )))
         }
         _ => None,

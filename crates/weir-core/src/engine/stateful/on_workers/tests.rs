@@ -56,6 +56,7 @@ async fn dedupe(
         mode: DedupeMode::Plain,
     };
     let spec = DedupeSpec::new(
+        uuid::Uuid::nil(),
         0,
         &Location::local(dir),
         4,
@@ -64,7 +65,11 @@ async fn dedupe(
         &rules,
         None,
     );
-    let out = plan(df, spec).unwrap().collect().await.unwrap();
+    let out = plan(df, StateSpec::Dedupe(spec), &schema())
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
     let mut metrics = OperatorMetrics::new("dedupe");
     let (passed, _, _) = split(out, &schema(), 4, &mut metrics).unwrap();
     let mut got = Vec::new();
@@ -127,6 +132,7 @@ async fn the_shuffle_sits_between_the_tag_and_the_deduplication() {
     };
     let dir = tempfile::tempdir().unwrap();
     let spec = DedupeSpec::new(
+        uuid::Uuid::nil(),
         0,
         &Location::local(dir.path()),
         4,
@@ -135,7 +141,7 @@ async fn the_shuffle_sits_between_the_tag_and_the_deduplication() {
         &rules,
         None,
     );
-    let physical = plan(df, spec)
+    let physical = plan(df, StateSpec::Dedupe(spec), &schema())
         .unwrap()
         .create_physical_plan()
         .await
