@@ -30,13 +30,15 @@ use datafusion::functions_aggregate::expr_fn::{count, max, min, sum};
 use datafusion::logical_expr::{Expr, cast, lit};
 use datafusion::scalar::ScalarValue;
 
+mod expand;
 mod hll;
 mod hll_tables;
 mod operator;
 
+pub(in crate::engine::stateful) use expand::{expansions, state_key};
 pub(in crate::engine::stateful) use hll::Sketch;
 pub(crate) use operator::Aggregate;
-pub(in crate::engine::stateful) use operator::{Shape, expansions, state_key};
+pub(in crate::engine::stateful) use operator::Shape;
 
 use super::keys::{decode_value, family};
 use super::{key_columns, key_families};

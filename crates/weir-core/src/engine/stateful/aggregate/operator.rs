@@ -21,13 +21,14 @@ use datafusion::logical_expr::Expr;
 use datafusion::prelude::{DataFrame, SessionContext, ident};
 use datafusion::scalar::ScalarValue;
 
+use super::expand::{expansions, layout};
 use super::hll::{HLL_REGISTERS, SPARK_SKETCH, Sketch, SlotSource, hll_estimate, sketch_rows};
 use super::{
-    APPEND_NEEDS, AggExpr, Aggregation, Columns, Expiry, Func, KEY, OPERATOR_NAME, OutputMode,
-    Slot, decode_slots, group_time, merge, scalars_to_array, window_start,
+    AggExpr, Aggregation, Columns, Expiry, Func, KEY, OPERATOR_NAME, OutputMode, Slot,
+    decode_slots, group_time, merge, scalars_to_array, window_start,
 };
 use crate::engine::stateful::keys::{decode_value, encode_scalar, encode_value, family};
-use crate::engine::stateful::watermark::{self, EventTime};
+use crate::engine::stateful::watermark::EventTime;
 use crate::engine::stateful::{
     OperatorMetrics, OperatorState, collect_in_order, columns_json, frame,
 };
@@ -49,14 +50,14 @@ pub(crate) struct Aggregate {
 
 /// Where a batch's columns are, and how its groups leave the state.
 pub(in crate::engine::stateful) struct Shape<'e> {
-    schema: SchemaRef,
-    columns: Columns,
+    pub(super) schema: SchemaRef,
+    pub(super) columns: Columns,
     /// The watermark and its column's index, unless the output mode is complete.
-    event: Option<(&'e EventTime, usize)>,
+    pub(super) event: Option<(&'e EventTime, usize)>,
     /// What a group leaves the state by, with the watermark that decides it.
-    expiry: Option<(&'e EventTime, Expiry)>,
+    pub(super) expiry: Option<(&'e EventTime, Expiry)>,
     /// How the state's sketches hash and estimate.
-    sketch: Sketch,
+    pub(super) sketch: Sketch,
 }
 
 impl<'e> Shape<'e> {
@@ -79,7 +80,7 @@ impl<'e> Shape<'e> {
         })
     }
 
-    fn windowed(&self) -> bool {
+    pub(super) fn windowed(&self) -> bool {
         self.columns.window.is_some()
     }
 
@@ -442,123 +443,6 @@ impl Aggregate {
             (window_start(&a.0).unwrap_or(0), &a.0).cmp(&(window_start(&b.0).unwrap_or(0), &b.0))
         });
         Ok(out)
-    }
-}
-
-/// Where the aggregation `spec` (parsed as `exprs`) finds its columns in `schema`, the
-/// watermark and its column (none in complete mode), and what a group leaves the state by;
-/// append mode without an expiry is refused.
-#[allow(clippy::type_complexity)]
-fn layout<'e>(
-    spec: &Aggregation,
-    exprs: &[AggExpr],
-    schema: &SchemaRef,
-    event: Option<&'e EventTime>,
-) -> Result<(
-    Columns,
-    Option<(&'e EventTime, usize)>,
-    Option<(&'e EventTime, Expiry)>,
-)> {
-    let columns = spec.resolve(schema, exprs)?;
-    let event = match event {
-        Some(e) => e.index_in(schema)?.map(|i| (e, i)),
-        None => None,
-    };
-    // Complete mode keeps every group and counts every row, late or not (Spark).
-    let event = event.filter(|_| spec.output_mode != OutputMode::Complete);
-    // Groups leave the state (and close, in append mode) by the watermark if it is on
-    // the window's column (by the window's end) or on a group column (by its value).
-    let expiry = match (&columns.window, event) {
-        (Some((w, size, ..)), Some((e, i))) if *w == i => Some((e, Expiry::WindowEnd(*size))),
-        (None, Some((e, i))) => columns
-            .groups
-            .iter()
-            .position(|g| *g == i)
-            .map(|pos| (e, Expiry::Group(pos))),
-        _ => None,
-    };
-    if spec.output_mode == OutputMode::Append && expiry.is_none() {
-        return Err(Error::config(KEY, APPEND_NEEDS));
-    }
-    Ok((columns, event, expiry))
-}
-
-/// A batch's rows as the aggregation takes them: one per (row, window), each with its
-/// window's start (0 without a window), and the late ones apart.
-#[derive(Debug, Default)]
-pub(in crate::engine::stateful) struct Expanded {
-    pub(in crate::engine::stateful) rows: Vec<u32>,
-    pub(in crate::engine::stateful) starts: Vec<i64>,
-    /// Late (row, window start) pairs, counted by (group, window) and dropped.
-    pub(in crate::engine::stateful) late: Vec<(u32, i64)>,
-}
-
-/// The rows of `all` to aggregate by `shape`, one per (row, window), and the late ones.
-pub(in crate::engine::stateful) fn expansions(
-    all: &RecordBatch,
-    shape: &Shape<'_>,
-) -> Result<Expanded> {
-    let window = &shape.columns.window;
-    let windowed_watermark = match shape.expiry {
-        Some((e, Expiry::WindowEnd(_))) => Some(e),
-        _ => None,
-    };
-    let mut out = Expanded {
-        rows: Vec::with_capacity(all.num_rows()),
-        ..Expanded::default()
-    };
-    let times = match (window, shape.event) {
-        (Some((i, ..)), _) => Some(watermark::micros(all.column(*i))?),
-        (None, Some((_, i))) => Some(watermark::micros(all.column(i))?),
-        (None, None) => None,
-    };
-    for row in 0..all.num_rows() {
-        let t = times.as_ref().and_then(|t| t[row]);
-        match (window, t) {
-            // Spark drops rows without an event time from windowed aggregations.
-            (Some(_), None) => {}
-            (Some((_, size, slide, _)), Some(t)) => {
-                let mut start = t - t.rem_euclid(*slide);
-                while start > t - size {
-                    let end = start + size;
-                    if windowed_watermark.is_some_and(|e| e.late(end)) {
-                        out.late.push((row as u32, start));
-                    } else {
-                        out.rows.push(row as u32);
-                        out.starts.push(start);
-                    }
-                    start -= slide;
-                }
-            }
-            (None, t) => {
-                if let (Some((e, _)), Some(t)) = (shape.event, t)
-                    && e.late(t)
-                {
-                    out.late.push((row as u32, 0));
-                    continue;
-                }
-                out.rows.push(row as u32);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The state key of row `row` of `all` in the window starting at `start`: the window's
-/// start (when windowed), then the group columns, as the state holds it.
-pub(in crate::engine::stateful) fn state_key(
-    out: &mut Vec<u8>,
-    all: &RecordBatch,
-    shape: &Shape<'_>,
-    row: usize,
-    start: i64,
-) {
-    if shape.windowed() {
-        let s: ArrayRef = Arc::new(Int64Array::from(vec![start]));
-        encode_value(out, &s, 0);
-    }
-    for g in &shape.columns.groups {
-        encode_value(out, all.column(*g), row);
     }
 }
 
