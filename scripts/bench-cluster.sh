@@ -14,7 +14,8 @@
 # newest row per order_id by a row_number() window, shuffled by order_id), `dedupe`
 # (`drop-duplicates = ["order_id"]`, 8 state partitions: on a cluster they run as the
 # workers' tasks) or `dedupe-wm` (a 10-minute watermark and
-# `drop-duplicates-within-watermark`).
+# `drop-duplicates-within-watermark`) or `window` (a one-minute windowed count, sum and
+# approx_count_distinct per status, append mode: its state partitions on the workers too).
 # SINK=delta-append in the environment writes a Delta table instead of Parquet parts;
 # SINK=delta-merge MERGEs by order_id (newest updated_at); SINK=postgres-upsert upserts into
 # a new table of the server at PG_URL (its CPU is not counted; the workers' bytes sent then
@@ -44,6 +45,12 @@ case $KIND in
   dedupe) TRANSFORM='drop-duplicates = ["order_id"]';;
   dedupe-wm) TRANSFORM='with-watermark = { column = "updated_at", delay = "10 minutes" }
 drop-duplicates-within-watermark = ["order_id"]';;
+  window) TRANSFORM='with-watermark = { column = "updated_at", delay = "1 minute" }
+[transform.aggregate]
+group-by = ["status"]
+window = { column = "updated_at", size = "1 minute" }
+aggregates = ["count(*) AS n", "sum(amount) AS total", "approx_count_distinct(order_id) AS ids"]
+output-mode = "append"';;
   *) TRANSFORM="sql = \"$SQL\"";;
 esac
 SINK_TOML="type = \"$SINK\"

@@ -25,12 +25,13 @@
 //! - **TLS**: workers listed as `https://` serve TLS ([`tls`]); the driver and the other
 //!   workers check their certificates against `tls-ca`.
 //!
-//! - **State**: a deduplication's state partitions are loaded, worked and committed on
-//!   the workers (`weir_core::engine::state_nodes`, carried by the codec); an
-//!   aggregation's run on the driver over the workers' rows.
+//! - **State**: the state partitions of a deduplication and of an aggregation are loaded,
+//!   worked and committed on the workers (`weir_core::engine::state_nodes`, carried by the
+//!   codec), one task per live worker, routed to the same worker every batch.
 //!
-//! Not distributed yet: an aggregation's state, and several sinks together or a function
-//! (the driver writes what the workers computed).
+//! Not distributed yet: a second stateful step (it runs on the driver over the first one's
+//! output), and several sinks together or a function (the driver writes what the workers
+//! computed).
 
 pub mod codec;
 pub mod config;

@@ -1,35 +1,40 @@
-//! A deduplication whose state partitions run on the cluster's workers (issue 38, step 6).
+//! Stateful steps whose state partitions run on the cluster's workers (issue 38, step 6):
+//! a deduplication, and an aggregation ([`aggregate`]).
 //!
 //! The plan, below the driver:
 //!
 //! ```text
-//! DedupeStateExec            one task per group of state partitions: load version N of
-//!   RepartitionExec(Hash p)  each partition it owns, pass the new keys, evict by the
-//!     PartitionTagExec       watermark, commit N+1; a side row says what it did
+//! DedupeStateExec            one task per live worker, each owning the partitions whose
+//!   RepartitionExec(Hash p)  tags reach it: load version N of each, pass the new keys,
+//!     PartitionTagExec       evict by the watermark, commit N+1; a side row says what it did
 //!       (the batch's plan)   every row tagged with its key's state partition p
 //! ```
 //!
 //! - **Which task owns a partition.** Rows are tagged with weir's own [`partition_of`] of
 //!   their key (the checkpoint's partitioning, fixed for its life) and shuffled by that tag.
-//!   Where a tag lands is DataFusion's hash, decided anew each batch; nothing durable
-//!   depends on it. Every task of the tagging stage also sends one *marker* row per state
-//!   partition, so the task that owns partition `p` hears of it even when the batch has no
-//!   row of `p`: every partition loads, evicts and commits version N+1 every batch, as on
-//!   one machine. The driver checks that each partition was committed by exactly one task.
+//!   Where a tag lands is DataFusion's hash over a fixed count, so the same task while the
+//!   workers stay the same; nothing durable depends on it. Every task of the tagging stage
+//!   also sends one *marker* row per state partition, so the task that owns partition `p`
+//!   hears of it even when the batch has no row of `p`: every partition loads, evicts and
+//!   commits version N+1 every batch, as on one machine. The driver checks that each
+//!   partition was committed by exactly one task.
 //! - **Which copy of a key passes.** A shuffle interleaves rows from several tasks in an
-//!   order that changes from run to run. A task sorts its rows by every column that has an
-//!   order (ascending, NULLs first: the order the driver puts the workers' rows in before a
-//!   stateful step it runs itself), so every attempt of a batch passes the same copy.
+//!   order that changes from run to run. A task judges the least copy of each key by every
+//!   column that has an order (ascending, NULLs first: the order the driver puts the
+//!   workers' rows in before a stateful step it runs itself), so every attempt of a batch
+//!   passes the same copy. An aggregation sorts its rows so, and aggregates them on one
+//!   thread, so a floating-point sum adds in the same order on every attempt.
 //! - **When the state is committed.** A task commits its partitions' version N+1 when its
 //!   rows are done, before the function runs, as Spark's tasks do: a failed function or a
 //!   driver killed before `commits/N` replays batch N, which loads version N again and
 //!   writes N+1 over what the first attempt wrote (see [`StateStore::commit`]). A task's
-//!   worker keeps the partitions it committed in memory for the next batch; a partition
-//!   that moved loads from the checkpoint. Files of versions retention let go are deleted
-//!   when version N is loaded, which `commits/N-1` made final.
+//!   worker keeps the partitions it committed in memory for the next batch (by the query's
+//!   id, so a checkpoint made again on the same path is not taken for the old one); a
+//!   partition that moved loads from the checkpoint. Files of versions retention let go
+//!   are deleted when version N is loaded, which `commits/N-1` made final.
 //! - **What the driver learns.** Each task outputs one side row (a JSON column, the data
 //!   columns NULL) with its partitions, counts, times, state size and the event times of
-//!   its rows when the watermark step comes right before the deduplication. The driver
+//!   its rows when the watermark step comes right before the stateful step. The driver
 //!   takes those rows out ([`split`]) and reports them as the operator's progress.
 
 use std::collections::BTreeMap;
