@@ -14,12 +14,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, UInt8Array, UInt32Array,
-    new_null_array,
+    Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, UInt8Array, UInt32Array, new_null_array,
 };
 use datafusion::arrow::compute::{
-    SortColumn, SortOptions, concat_batches, filter_record_batch, lexsort_to_indices, take,
-    take_record_batch,
+    SortColumn, SortOptions, filter_record_batch, lexsort_to_indices, take, take_record_batch,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -33,13 +31,13 @@ use datafusion::physical_plan::{
     SendableRecordBatchStream,
 };
 use datafusion::prelude::{SessionConfig, SessionContext};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::super::aggregate::{Aggregate, Aggregation, Shape, Sketch, expansions, state_key};
 use super::super::watermark::EventTime;
 use super::super::{OperatorState, StateSettings};
-use super::exec::{keep, kept, props};
+use super::exec::{keep, load_partition, one_input, one_input_methods, props, state_stream};
 use super::orderable;
 use super::{MARK_COL, Meta, PART_COL, nullable};
 use crate::error::{Error, Result};
@@ -245,31 +243,13 @@ fn markers(schema: &SchemaRef, parts: u32) -> DfResult<RecordBatch> {
 }
 
 impl ExecutionPlan for AggTagExec {
-    fn name(&self) -> &str {
-        "AggTagExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    one_input_methods!("AggTagExec");
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let [input] = <[_; 1]>::try_from(children)
-            .map_err(|_| DataFusionError::Internal("AggTagExec takes one input".into()))?;
+        let input = one_input(children, "AggTagExec")?;
         Ok(Arc::new(AggTagExec::new(input, Arc::clone(&self.spec))))
     }
 
@@ -335,35 +315,13 @@ impl DisplayAs for AggStateExec {
 }
 
 impl ExecutionPlan for AggStateExec {
-    fn name(&self) -> &str {
-        "AggStateExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    one_input_methods!("AggStateExec");
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let [input] = <[_; 1]>::try_from(children)
-            .map_err(|_| DataFusionError::Internal("AggStateExec takes one input".into()))?;
+        let input = one_input(children, "AggStateExec")?;
         Ok(Arc::new(AggStateExec::new(
             input,
             Arc::clone(&self.spec),
@@ -378,52 +336,18 @@ impl ExecutionPlan for AggStateExec {
     ) -> DfResult<SendableRecordBatchStream> {
         let input = self.input.execute(partition, context)?;
         let spec = Arc::clone(&self.spec);
-        let (in_schema, out) = (self.input.schema(), Arc::clone(&self.out));
-        let out2 = Arc::clone(&out);
-        let fut = async move {
-            let batches: Vec<RecordBatch> = input.try_collect().await?;
-            let all = concat_batches(&in_schema, &batches)?;
-            let (rows, meta) = run(&spec, all).await.map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "batch {}: aggregation (stateful operator {}) on a worker: {}",
-                    spec.batch_id,
-                    spec.operator,
-                    crate::error::error_chain(&e)
-                ))
-            })?;
-            output(&out2, rows, &meta)
-        };
-        let stream = futures::stream::once(fut)
-            .map_ok(|v| futures::stream::iter(v.into_iter().map(Ok)))
-            .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(out, stream)))
+        let what = format!(
+            "batch {}: aggregation (stateful operator {})",
+            spec.batch_id, spec.operator
+        );
+        Ok(state_stream(
+            input,
+            self.input.schema(),
+            Arc::clone(&self.out),
+            what,
+            move |all| async move { run(&spec, all).await },
+        ))
     }
-}
-
-/// The task's output: the aggregation's rows in the planned schema `out`, and its side row.
-fn output(out: &SchemaRef, rows: Vec<RecordBatch>, meta: &Meta) -> DfResult<Vec<RecordBatch>> {
-    let data = out.fields().len() - 1;
-    let mut batches = Vec::with_capacity(rows.len() + 1);
-    for b in rows {
-        if b.num_columns() != data {
-            return Err(DataFusionError::Internal(format!(
-                "an aggregation gave {} columns, {data} planned",
-                b.num_columns()
-            )));
-        }
-        let mut cols = b.columns().to_vec();
-        cols.push(new_null_array(&DataType::Utf8, b.num_rows()));
-        batches.push(RecordBatch::try_new(Arc::clone(out), cols)?);
-    }
-    let text = serde_json::to_string(meta)
-        .map_err(|e| DataFusionError::Internal(format!("a task's report: {e}")))?;
-    let mut side: Vec<ArrayRef> = out.fields()[..data]
-        .iter()
-        .map(|f| new_null_array(f.data_type(), 1))
-        .collect();
-    side.push(Arc::new(StringArray::from(vec![text])));
-    batches.push(RecordBatch::try_new(Arc::clone(out), side)?);
-    Ok(batches)
 }
 
 /// One task's work: `all` is its rows, markers and flagged rows, tagged.
@@ -521,13 +445,7 @@ async fn run(spec: &AggSpec, all: RecordBatch) -> Result<(Vec<RecordBatch>, Meta
     super::exec::forget_older(&spec.query, dir.url().as_str(), spec.batch_id);
     let mut urls = Vec::new();
     for p in &owned {
-        let part_dir = dir.join(&p.to_string());
-        let url = format!("{} {}", spec.query, part_dir.url());
-        let mut store =
-            kept(&url, spec.batch_id).unwrap_or_else(|| StateStore::new(part_dir, conf));
-        store.relist().await?;
-        store.load(spec.batch_id).await?;
-        store.purge().await?;
+        let (url, store) = load_partition(&spec.query, &dir, *p, spec.batch_id, conf).await?;
         op.store.replace(*p as usize, store);
         urls.push((*p, url));
     }

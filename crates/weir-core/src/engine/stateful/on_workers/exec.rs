@@ -46,6 +46,103 @@ pub(super) fn props(
     ))
 }
 
+/// The methods every node of this module has alike: its name, its cached properties, its
+/// one input, no expressions, and no use for more input partitions.
+macro_rules! one_input_methods {
+    ($name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn properties(&self) -> &Arc<PlanProperties> {
+            &self.cache
+        }
+
+        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+            vec![&self.input]
+        }
+
+        fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+            vec![false]
+        }
+
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+        ) -> DfResult<TreeNodeRecursion> {
+            Ok(TreeNodeRecursion::Continue)
+        }
+    };
+}
+pub(super) use one_input_methods;
+
+/// The one input of a node of this module (`with_new_children`'s argument).
+pub(super) fn one_input(
+    children: Vec<Arc<dyn ExecutionPlan>>,
+    name: &str,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let [input] = <[_; 1]>::try_from(children)
+        .map_err(|_| DataFusionError::Internal(format!("{name} takes one input")))?;
+    Ok(input)
+}
+
+/// A state node's stream for one task partition: all of `input` (of `in_schema`) at once
+/// to `work`, then its rows in `out` and the task's side row; `work`'s error names `what`.
+pub(super) fn state_stream<F, Fut>(
+    input: SendableRecordBatchStream,
+    in_schema: SchemaRef,
+    out: SchemaRef,
+    what: String,
+    work: F,
+) -> SendableRecordBatchStream
+where
+    F: FnOnce(RecordBatch) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(Vec<RecordBatch>, Meta)>> + Send,
+{
+    let out2 = Arc::clone(&out);
+    let fut = async move {
+        let batches: Vec<RecordBatch> = input.try_collect().await?;
+        let all = concat_batches(&in_schema, &batches)?;
+        let (rows, meta) = work(all).await.map_err(|e| {
+            DataFusionError::Execution(format!(
+                "{what} on a worker: {}",
+                crate::error::error_chain(&e)
+            ))
+        })?;
+        output(&out2, rows, &meta)
+    };
+    let stream = futures::stream::once(fut)
+        .map_ok(|v| futures::stream::iter(v.into_iter().map(Ok)))
+        .try_flatten();
+    Box::pin(RecordBatchStreamAdapter::new(out, stream))
+}
+
+/// A task's output: its rows (the data columns of `out`) and its side row.
+fn output(out: &SchemaRef, rows: Vec<RecordBatch>, meta: &Meta) -> DfResult<Vec<RecordBatch>> {
+    let data = out.fields().len() - 1;
+    let mut batches = Vec::with_capacity(rows.len() + 1);
+    for b in rows {
+        if b.num_columns() < data {
+            return Err(DataFusionError::Internal(format!(
+                "a state node gave {} columns, {data} planned",
+                b.num_columns()
+            )));
+        }
+        let mut cols = b.columns()[..data].to_vec();
+        cols.push(new_null_array(&DataType::Utf8, b.num_rows()));
+        batches.push(RecordBatch::try_new(Arc::clone(out), cols)?);
+    }
+    let text = serde_json::to_string(meta)
+        .map_err(|e| DataFusionError::Internal(format!("a task's report: {e}")))?;
+    let mut side: Vec<ArrayRef> = out.fields()[..data]
+        .iter()
+        .map(|f| new_null_array(f.data_type(), 1))
+        .collect();
+    side.push(Arc::new(StringArray::from(vec![text])));
+    batches.push(RecordBatch::try_new(Arc::clone(out), side)?);
+    Ok(batches)
+}
+
 /// Tags each row with its key's state partition, and sends one marker row per partition
 /// from its first partition.
 #[derive(Debug)]
@@ -133,31 +230,13 @@ fn markers(schema: &SchemaRef, parts: u32) -> DfResult<RecordBatch> {
 }
 
 impl ExecutionPlan for PartitionTagExec {
-    fn name(&self) -> &str {
-        "PartitionTagExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    one_input_methods!("PartitionTagExec");
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let [input] = <[_; 1]>::try_from(children)
-            .map_err(|_| DataFusionError::Internal("PartitionTagExec takes one input".into()))?;
+        let input = one_input(children, "PartitionTagExec")?;
         Ok(Arc::new(PartitionTagExec::new(
             input,
             self.keys.clone(),
@@ -218,35 +297,13 @@ impl DisplayAs for DedupeStateExec {
 }
 
 impl ExecutionPlan for DedupeStateExec {
-    fn name(&self) -> &str {
-        "DedupeStateExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    one_input_methods!("DedupeStateExec");
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let [input] = <[_; 1]>::try_from(children)
-            .map_err(|_| DataFusionError::Internal("DedupeStateExec takes one input".into()))?;
+        let input = one_input(children, "DedupeStateExec")?;
         Ok(Arc::new(DedupeStateExec::new(
             input,
             Arc::clone(&self.spec),
@@ -260,43 +317,21 @@ impl ExecutionPlan for DedupeStateExec {
     ) -> DfResult<SendableRecordBatchStream> {
         let input = self.input.execute(partition, context)?;
         let spec = Arc::clone(&self.spec);
-        let (in_schema, out) = (self.input.schema(), self.schema());
-        let out2 = Arc::clone(&out);
-        let fut = async move {
-            let batches: Vec<RecordBatch> = input.try_collect().await?;
-            let all = concat_batches(&in_schema, &batches)?;
-            let (rows, meta) = run(&spec, all).await.map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "batch {}: deduplication (stateful operator {}) on a worker: {}",
-                    spec.batch_id,
-                    spec.operator,
-                    crate::error::error_chain(&e)
-                ))
-            })?;
-            output(&out2, rows, &meta)
-        };
-        let stream = futures::stream::once(fut)
-            .map_ok(|v| futures::stream::iter(v.into_iter().map(Ok)))
-            .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(out, stream)))
+        let what = format!(
+            "batch {}: deduplication (stateful operator {})",
+            spec.batch_id, spec.operator
+        );
+        Ok(state_stream(
+            input,
+            self.input.schema(),
+            self.schema(),
+            what,
+            move |all| async move {
+                let (rows, meta) = run(&spec, all).await?;
+                Ok((vec![rows], meta))
+            },
+        ))
     }
-}
-
-/// The task's output: its rows passed and its side row.
-fn output(out: &SchemaRef, rows: RecordBatch, meta: &Meta) -> DfResult<Vec<RecordBatch>> {
-    let text = serde_json::to_string(meta)
-        .map_err(|e| DataFusionError::Internal(format!("a task's report: {e}")))?;
-    let data = out.fields().len() - 1;
-    let mut cols = rows.columns()[..data].to_vec();
-    cols.push(new_null_array(&DataType::Utf8, rows.num_rows()));
-    let passed = RecordBatch::try_new(Arc::clone(out), cols)?;
-    let mut side: Vec<ArrayRef> = out.fields()[..data]
-        .iter()
-        .map(|f| new_null_array(f.data_type(), 1))
-        .collect();
-    side.push(Arc::new(StringArray::from(vec![text])));
-    let side = RecordBatch::try_new(Arc::clone(out), side)?;
-    Ok(vec![passed, side])
 }
 
 /// Partition stores a worker committed, kept for its next batch (by the query's id and the
@@ -305,11 +340,30 @@ static KEPT: LazyLock<Mutex<HashMap<String, StateStore>>> = LazyLock::new(Defaul
 
 /// The store kept under `key` if it holds `version` (one that holds another is let go: a
 /// fresh store lists and reads the checkpoint as it is now).
-pub(super) fn kept(key: &str, version: u64) -> Option<StateStore> {
+fn kept(key: &str, version: u64) -> Option<StateStore> {
     KEPT.lock()
         .ok()
         .and_then(|mut k| k.remove(key))
         .filter(|s| s.version() == Some(version))
+}
+
+/// Partition `p` of the operator in `dir` (query `query`) at version `batch_id`, kept
+/// from the batch before or read from the checkpoint, its files past retention deleted
+/// (`commits/N-1` made version N final); and the key it is kept by.
+pub(super) async fn load_partition(
+    query: &uuid::Uuid,
+    dir: &Location,
+    p: u32,
+    batch_id: u64,
+    conf: StateConf,
+) -> Result<(String, StateStore)> {
+    let part_dir = dir.join(&p.to_string());
+    let key = format!("{query} {}", part_dir.url());
+    let mut store = kept(&key, batch_id).unwrap_or_else(|| StateStore::new(part_dir, conf));
+    store.relist().await?;
+    store.load(batch_id).await?;
+    store.purge().await?;
+    Ok((key, store))
 }
 
 pub(super) fn keep(url: String, store: StateStore) {
@@ -443,13 +497,7 @@ async fn run(spec: &DedupeSpec, all: RecordBatch) -> Result<(RecordBatch, Meta)>
     let mut mask = vec![false; rows.num_rows()];
     let mut update_ms = 0;
     for p in owned {
-        let part_dir = dir.join(&p.to_string());
-        let url = format!("{} {}", spec.query, part_dir.url());
-        let mut store =
-            kept(&url, spec.batch_id).unwrap_or_else(|| StateStore::new(part_dir, conf));
-        store.relist().await?;
-        store.load(spec.batch_id).await?;
-        store.purge().await?;
+        let (url, mut store) = load_partition(&spec.query, &dir, p, spec.batch_id, conf).await?;
         let t = Instant::now();
         let rows_of = enc.by_part.get(p as usize).map_or(&[][..], Vec::as_slice);
         let judged = least_of_each_key(rows_of, |r| enc.keys.key(r), &order);
