@@ -8,12 +8,10 @@ use std::time::Instant;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray};
 use datafusion::arrow::compute::filter_record_batch;
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::{DataFrame, SessionContext};
 
 use super::keys::encode_value;
-use super::on_workers;
 use super::watermark::{self, EventTime};
 use super::{
     OperatorMetrics, OperatorState, PARALLEL_ROWS, collect_in_order, columns_json, frame,
@@ -50,12 +48,12 @@ impl DedupeMode {
 /// One `drop_duplicates` or `drop_duplicates_within_watermark` of a query.
 pub(crate) struct Dedupe {
     pub(super) op: OperatorState,
-    keys: Vec<String>,
+    pub(super) keys: Vec<String>,
     pub(super) mode: DedupeMode,
     pub(super) metrics: OperatorMetrics,
     /// What the workers did in this batch, when it ran there ([`super::on_workers`]):
     /// its partitions are committed already.
-    pub(super) on_workers: Option<super::on_workers::Ran>,
+    pub(super) on_workers: Option<super::Ran>,
 }
 
 /// What a batch's rows are deduplicated by, checked against the batch's schema.
@@ -316,38 +314,5 @@ impl Dedupe {
             self.metrics.remove_ms = started.elapsed().as_millis() as u64;
         }
         frame(ctx, schema, vec![kept], key)
-    }
-
-    /// Batch `batch_id`'s rows `df` with this deduplication on top, to run on the workers
-    /// ([`super::on_workers`]); `observe` names the watermark's column when its step comes
-    /// right before, so the workers note the event times.
-    pub(super) async fn plan_on_workers(
-        &mut self,
-        df: DataFrame,
-        (query, batch_id): (uuid::Uuid, u64),
-        event: Option<&EventTime>,
-        observe: Option<&str>,
-    ) -> Result<(DataFrame, SchemaRef)> {
-        let schema = df.schema().as_arrow().clone();
-        let rules = self.rules(&schema, batch_id, event, true).await?;
-        let observe = match observe {
-            Some(column) => Some(watermark::column_index(&schema, column)?),
-            None => None,
-        };
-        self.metrics = OperatorMetrics::new(self.mode.name());
-        self.on_workers = None;
-        let dir = self.op.state_root.join(&self.op.operator.to_string());
-        let spec = on_workers::DedupeSpec::new(
-            query,
-            self.op.operator,
-            &dir,
-            self.op.store.partitions(),
-            self.op.settings.conf,
-            batch_id,
-            &rules,
-            observe,
-        );
-        let plan = on_workers::plan(df, on_workers::StateSpec::Dedupe(spec), &schema)?;
-        Ok((plan, Arc::new(schema)))
     }
 }

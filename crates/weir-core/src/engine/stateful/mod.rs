@@ -121,8 +121,7 @@ impl Operator {
     ) -> Result<(DataFrame, SchemaRef)> {
         match self {
             Operator::Dedupe(d) => {
-                d.plan_on_workers(df, (query, batch_id), event, observe)
-                    .await
+                on_workers::plan_dedupe(d, df, (query, batch_id), event, observe).await
             }
             Operator::Aggregate(a) => {
                 let schema = Arc::new(df.schema().as_arrow().clone());
@@ -528,6 +527,15 @@ impl OperatorState {
         }
         Ok(())
     }
+}
+
+/// What the workers did for one batch of an operator, over its tasks (its partitions are
+/// committed already).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ran {
+    pub(super) rows_total: u64,
+    pub(super) memory_bytes: u64,
+    pub(super) commit_ms: u64,
 }
 
 /// What an operator did in the current batch, for its progress entry.

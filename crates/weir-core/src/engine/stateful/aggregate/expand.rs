@@ -5,14 +5,64 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Int64Array};
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 
-use super::operator::Shape;
+use super::hll::Sketch;
 use super::{APPEND_NEEDS, AggExpr, Aggregation, Columns, Expiry, KEY, OutputMode};
 use crate::engine::stateful::keys::encode_value;
 use crate::engine::stateful::watermark::{self, EventTime};
 use crate::error::{Error, Result};
+
+/// Where a batch's columns are, and how its groups leave the state.
+pub(in crate::engine::stateful) struct Shape<'e> {
+    pub(super) schema: SchemaRef,
+    pub(super) columns: Columns,
+    /// The watermark and its column's index, unless the output mode is complete.
+    pub(super) event: Option<(&'e EventTime, usize)>,
+    /// What a group leaves the state by, with the watermark that decides it.
+    pub(super) expiry: Option<(&'e EventTime, Expiry)>,
+    /// How the state's sketches hash and estimate.
+    pub(super) sketch: Sketch,
+}
+
+impl<'e> Shape<'e> {
+    /// The shape of a batch of `schema` for aggregation `spec` (parsed as `exprs`), with
+    /// the batch's watermark `event` and the state's `sketch`.
+    pub(in crate::engine::stateful) fn of(
+        spec: &Aggregation,
+        exprs: &[AggExpr],
+        schema: SchemaRef,
+        event: Option<&'e EventTime>,
+        sketch: Sketch,
+    ) -> Result<Shape<'e>> {
+        let (columns, event, expiry) = layout(spec, exprs, &schema, event)?;
+        Ok(Shape {
+            schema,
+            columns,
+            event,
+            expiry,
+            sketch,
+        })
+    }
+
+    pub(super) fn windowed(&self) -> bool {
+        self.columns.window.is_some()
+    }
+
+    /// The number of key columns of a partial result: the groups and the window start.
+    pub(super) fn key_len(&self) -> usize {
+        self.columns.groups.len() + usize::from(self.windowed())
+    }
+
+    pub(super) fn group_types(&self) -> Vec<DataType> {
+        self.columns
+            .groups
+            .iter()
+            .map(|g| self.schema.field(*g).data_type().clone())
+            .collect()
+    }
+}
 
 /// Where the aggregation `spec` (parsed as `exprs`) finds its columns in `schema`, the
 /// watermark and its column (none in complete mode), and what a group leaves the state by;

@@ -35,10 +35,9 @@ mod hll;
 mod hll_tables;
 mod operator;
 
-pub(in crate::engine::stateful) use expand::{expansions, state_key};
+pub(in crate::engine::stateful) use expand::{Shape, expansions, state_key};
 pub(in crate::engine::stateful) use hll::Sketch;
 pub(crate) use operator::Aggregate;
-pub(in crate::engine::stateful) use operator::Shape;
 
 use super::keys::{decode_value, family};
 use super::{key_columns, key_families};

@@ -21,11 +21,11 @@ use datafusion::logical_expr::Expr;
 use datafusion::prelude::{DataFrame, SessionContext, ident};
 use datafusion::scalar::ScalarValue;
 
-use super::expand::{expansions, layout};
+use super::expand::{Shape, expansions, layout};
 use super::hll::{HLL_REGISTERS, SPARK_SKETCH, Sketch, SlotSource, hll_estimate, sketch_rows};
 use super::{
-    AggExpr, Aggregation, Columns, Expiry, Func, KEY, OPERATOR_NAME, OutputMode, Slot,
-    decode_slots, group_time, merge, scalars_to_array, window_start,
+    AggExpr, Aggregation, Expiry, Func, KEY, OPERATOR_NAME, OutputMode, Slot, decode_slots,
+    group_time, merge, scalars_to_array, window_start,
 };
 use crate::engine::stateful::keys::{decode_value, encode_scalar, encode_value, family};
 use crate::engine::stateful::watermark::EventTime;
@@ -45,57 +45,7 @@ pub(crate) struct Aggregate {
     sketch: Option<Sketch>,
     /// What the workers did in this batch, when it ran there: its partitions are
     /// committed already.
-    pub(in crate::engine::stateful) on_workers: Option<crate::engine::stateful::on_workers::Ran>,
-}
-
-/// Where a batch's columns are, and how its groups leave the state.
-pub(in crate::engine::stateful) struct Shape<'e> {
-    pub(super) schema: SchemaRef,
-    pub(super) columns: Columns,
-    /// The watermark and its column's index, unless the output mode is complete.
-    pub(super) event: Option<(&'e EventTime, usize)>,
-    /// What a group leaves the state by, with the watermark that decides it.
-    pub(super) expiry: Option<(&'e EventTime, Expiry)>,
-    /// How the state's sketches hash and estimate.
-    pub(super) sketch: Sketch,
-}
-
-impl<'e> Shape<'e> {
-    /// The shape of a batch of `schema` for aggregation `spec` (parsed as `exprs`), with
-    /// the batch's watermark `event` and the state's `sketch`.
-    pub(in crate::engine::stateful) fn of(
-        spec: &Aggregation,
-        exprs: &[AggExpr],
-        schema: SchemaRef,
-        event: Option<&'e EventTime>,
-        sketch: Sketch,
-    ) -> Result<Shape<'e>> {
-        let (columns, event, expiry) = layout(spec, exprs, &schema, event)?;
-        Ok(Shape {
-            schema,
-            columns,
-            event,
-            expiry,
-            sketch,
-        })
-    }
-
-    pub(super) fn windowed(&self) -> bool {
-        self.columns.window.is_some()
-    }
-
-    /// The number of key columns of a partial result: the groups and the window start.
-    fn key_len(&self) -> usize {
-        self.columns.groups.len() + usize::from(self.windowed())
-    }
-
-    fn group_types(&self) -> Vec<DataType> {
-        self.columns
-            .groups
-            .iter()
-            .map(|g| self.schema.field(*g).data_type().clone())
-            .collect()
-    }
+    pub(in crate::engine::stateful) on_workers: Option<crate::engine::stateful::Ran>,
 }
 
 /// One batch's partial results per group.

@@ -65,8 +65,9 @@ use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use datafusion::prelude::DataFrame;
 use serde::{Deserialize, Serialize};
 
-use super::dedupe::{DedupeMode, Rules};
+use super::dedupe::{Dedupe, DedupeMode, Rules};
 use super::watermark::{EventTime, EventTimeStats};
+use super::{OperatorMetrics, Ran, watermark};
 use crate::error::{Error, Result};
 use crate::state::StateConf;
 use crate::storage::Location;
@@ -219,12 +220,37 @@ struct Meta {
     event: EventTimeStats,
 }
 
-/// What the workers did for one batch of an operator, over its tasks.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Ran {
-    pub(super) rows_total: u64,
-    pub(super) memory_bytes: u64,
-    pub(super) commit_ms: u64,
+/// Batch `batch_id`'s rows `df` of query `query` with deduplication `d` on top, to run on
+/// the workers, and the schema of its rows; `observe` names the watermark's column when its
+/// step comes right before, so the workers note the event times.
+pub(super) async fn plan_dedupe(
+    d: &mut Dedupe,
+    df: DataFrame,
+    (query, batch_id): (uuid::Uuid, u64),
+    event: Option<&EventTime>,
+    observe: Option<&str>,
+) -> Result<(DataFrame, SchemaRef)> {
+    let schema = df.schema().as_arrow().clone();
+    let rules = d.rules(&schema, batch_id, event, true).await?;
+    let observe = match observe {
+        Some(column) => Some(watermark::column_index(&schema, column)?),
+        None => None,
+    };
+    d.metrics = OperatorMetrics::new(d.mode.name());
+    d.on_workers = None;
+    let dir = d.op.state_root.join(&d.op.operator.to_string());
+    let spec = DedupeSpec::new(
+        query,
+        d.op.operator,
+        &dir,
+        d.op.store.partitions(),
+        d.op.settings.conf,
+        batch_id,
+        &rules,
+        observe,
+    );
+    let plan = plan(df, StateSpec::Dedupe(spec), &schema)?;
+    Ok((plan, Arc::new(schema)))
 }
 
 /// `df` with the stateful operator `spec` on top, to run on the workers: its output is
