@@ -325,20 +325,30 @@ impl StateStore {
         Ok(next)
     }
 
+    /// Writes a version's file once. A file of that name written meanwhile by someone
+    /// else is taken when its bytes are these: the same changes on the same version (a
+    /// cluster task of a driver killed mid-batch, still running beside the replay's) give
+    /// the same bytes. Other bytes mean another query uses the checkpoint.
     async fn write_once(&mut self, version: u64, kind: Kind, bytes: bytes::Bytes) -> Result<()> {
         let name = file_name(version, kind);
-        match self.dir.put_new(&name, bytes).await? {
-            crate::storage::WriteOutcome::Written => {
-                if let Some(f) = self.files.as_mut() {
-                    f.add(version, kind);
-                }
-                Ok(())
-            }
-            crate::storage::WriteOutcome::AlreadyExists => Err(Error::CheckpointInUse {
+        let same = match self.dir.put_new(&name, bytes.clone()).await? {
+            crate::storage::WriteOutcome::Written => true,
+            crate::storage::WriteOutcome::AlreadyExists => self
+                .dir
+                .get(&name)
+                .await?
+                .is_some_and(|found| found == bytes),
+        };
+        if !same {
+            return Err(Error::CheckpointInUse {
                 dir: self.dir.to_string(),
                 detail: format!("{} was written by someone else", self.dir.describe(&name)),
-            }),
+            });
         }
+        if let Some(f) = self.files.as_mut() {
+            f.add(version, kind);
+        }
+        Ok(())
     }
 
     /// Deletes the files no version among the newest `retain` (counting the one held, which

@@ -95,6 +95,37 @@ async fn versions_load_from_snapshots_and_deltas_after_a_restart_and_equal_the_r
     }
 }
 
+/// Two writers of the same version that listed the files before either wrote (a
+/// killed driver's task still running beside the replay's): the second takes the first's
+/// file when it holds the same bytes, and is refused when it does not.
+#[tokio::test]
+async fn a_version_written_meanwhile_with_the_same_bytes_is_taken_and_other_bytes_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = Location::local(dir.path().join("state/0/0"));
+    let mut first = StateStore::new(at.clone(), conf(10, 100));
+    let mut second = StateStore::new(at.clone(), conf(10, 100));
+    let mut third = StateStore::new(at.clone(), conf(10, 100));
+    for s in [&mut first, &mut second, &mut third] {
+        s.load(0).await.unwrap();
+    }
+    for s in [&mut first, &mut second] {
+        s.put(b"k".to_vec(), b"v".to_vec());
+    }
+    third.put(b"k".to_vec(), b"other".to_vec());
+    assert_eq!(first.commit().await.unwrap(), 1);
+    assert_eq!(
+        second.commit().await.unwrap(),
+        1,
+        "the same bytes are taken"
+    );
+    assert_eq!(second.get(b"k"), Some(&b"v"[..]));
+    let err = third.commit().await.unwrap_err().to_string();
+    assert!(
+        err.contains("1.delta") && err.contains("someone else"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn a_replay_never_sees_its_first_attempts_changes_and_replaces_its_files() {
     let dir = tempfile::tempdir().unwrap();
@@ -363,7 +394,9 @@ async fn committing_on_an_older_version_or_beside_another_writer_is_refused() {
         "{err}"
     );
     assert_eq!(s.version(), None, "a failed commit leaves nothing held");
-    // Two stores on one folder, both at version 5: the second commit of 6 is refused.
+    // Two stores on one folder, both at version 5, making different changes: the second
+    // commit of 6 is refused (with the same changes it would write the same bytes, and
+    // takes the file: see the test before).
     let mut a = StateStore::new(at.clone(), conf(10, 100));
     let mut b = StateStore::new(at.clone(), conf(10, 100));
     a.load(5).await.unwrap();
@@ -371,6 +404,7 @@ async fn committing_on_an_older_version_or_beside_another_writer_is_refused() {
     run_batch(&mut a, 5);
     a.commit().await.unwrap();
     run_batch(&mut b, 5);
+    b.put(b"another writer".to_vec(), b"1".to_vec());
     let err = b.commit().await.unwrap_err();
     assert!(matches!(err, Error::CheckpointInUse { .. }), "{err}");
     assert!(err.to_string().contains("6.delta"), "{err}");
