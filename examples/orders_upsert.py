@@ -25,9 +25,15 @@ import sys
 import weir
 from weir.sinks import DeltaMerge, PostgresUpsert
 
+# The newest row per order, ties on updated_at broken by the other columns (NULL lowest):
+# the rule the sinks' guard compares by, so a row that ties with a stored one is judged the
+# same way in the batch and against the table, whatever order the records came in.
 LATEST = """
 SELECT order_id, status, amount, updated_at FROM (
-  SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn
+  SELECT *, row_number() OVER (
+    PARTITION BY order_id
+    ORDER BY updated_at DESC NULLS LAST, status DESC NULLS LAST, amount DESC NULLS LAST
+  ) AS rn
   FROM batch
 ) WHERE rn = 1
 """

@@ -150,6 +150,20 @@ def newest_per_key(rows):
     return best
 
 
+def newest_by_rule(rows):
+    """The winning row per order_id by the sinks' rule: the greatest updated_at, then status,
+    then amount, NULL below every value (text in code point order, UTF-8's byte order)."""
+    def rank(r):
+        return tuple((v is not None, v) if v is not None else (False, 0)
+                     for v in (r["updated_at"], r["status"], r["amount"]))
+    best = {}
+    for r in rows:
+        k = r["order_id"]
+        if k not in best or rank(r) > rank(best[k]):
+            best[k] = r
+    return best
+
+
 def write_json_files(folder, rows, per_file):
     os.makedirs(folder, exist_ok=True)
     import json

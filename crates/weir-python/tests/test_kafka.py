@@ -14,7 +14,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 import weir
-from conftest import ROOT, newest_per_key, orders, produce
+from conftest import ROOT, newest_by_rule, newest_per_key, orders, produce
 
 EXAMPLE = os.path.join(ROOT, "examples", "orders_upsert.py")
 
@@ -74,6 +74,17 @@ def committed(chk):
 def test_the_python_worked_example_survives_kills_at_every_point(tmp_path, kafka, postgres):
     topic = "py-example"
     values = orders(6000, 300, seed=5)
+    # Ties: copies of eight orders' newest rows with the same updated_at and another status
+    # or amount, some winning by the rule and some losing, each right after the row it ties
+    # with (so mostly in its batch, where the example's window must break the tie).
+    newest = newest_per_key(values)
+    for i, k in enumerate(sorted(newest)[:8]):
+        tie = dict(newest[k])
+        if i % 2 == 0:
+            tie["status"] = "zz tie wins" if tie["status"] < "zz tie wins" else "a tie loses"
+        else:
+            tie["amount"] = None if tie["amount"] is not None else 1.0
+        values.insert(next(j for j, v in enumerate(values) if v is newest[k]) + 1, tie)
     produce(kafka, topic, values[:3000], partitions=3)
     folder = str(tmp_path / "example dir [1]")
     chk = os.path.join(folder, "checkpoint")
@@ -108,7 +119,7 @@ def test_the_python_worked_example_survives_kills_at_every_point(tmp_path, kafka
     r = run_example(env, args)  # nothing new: no batch, nothing written
     assert r.returncode == 0, r.stderr
 
-    want = newest_per_key(values)
+    want = newest_by_rule(values)
     expect = {k: (v["status"], v["amount"], epoch(v["updated_at"])) for k, v in want.items()}
     delta = DeltaTable(os.path.join(folder, "silver_orders")).to_pyarrow_table().to_pylist()
     got = {r["order_id"]: (r["status"], r["amount"], calendar.timegm(r["updated_at"].utctimetuple()))
