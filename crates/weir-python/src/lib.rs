@@ -28,5 +28,6 @@ fn _weir(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sinks::Sink>()?;
     m.add_class::<sinks::Ledger>()?;
     m.add_function(wrap_pyfunction!(query::start_query, m)?)?;
+    m.add_function(wrap_pyfunction!(query::check_schema, m)?)?;
     Ok(())
 }

@@ -137,6 +137,15 @@ fn parse(py: Python<'_>, spec: &str) -> PyResult<Parsed> {
 
 /// Starts a query whose batches go to `func(batch, batch_id)`. Returns once the query has
 /// opened its checkpoint, source and sinks (errors there are raised here).
+/// Checks the columns of a reader's `.schema(...)` (`"name type"` each) as the engine will
+/// read them, so a bad type is refused where it was written, naming it.
+#[pyfunction]
+pub fn check_schema(py: Python<'_>, columns: Vec<String>) -> PyResult<()> {
+    weir::connector::parse_schema("schema", &columns)
+        .map(|_| ())
+        .map_err(|e| engine_error(py, &e))
+}
+
 #[pyfunction]
 pub fn start_query(py: Python<'_>, spec: &str, func: Py<PyAny>) -> PyResult<Query> {
     let p = parse(py, spec)?;

@@ -115,12 +115,12 @@ pub fn parse_schema(key: &str, cols: &[String]) -> Result<SchemaRef> {
             "timestamp" => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
             "timestamp_ntz" => DataType::Timestamp(TimeUnit::Microsecond, None),
             "binary" => DataType::Binary,
-            other => {
+            _ => {
                 return Err(Error::config(
                     format!("{key}[{i}]"),
                     format!(
-                        "unknown type '{other}' (use string, bigint, int, smallint, double, \
-                         float, boolean, date, timestamp, timestamp_ntz or binary)"
+                        "unknown type '{ty}' in '{c}' (use string, bigint, int, smallint, \
+                         double, float, boolean, date, timestamp, timestamp_ntz or binary)"
                     ),
                 ));
             }

@@ -148,7 +148,11 @@ class DataStreamReader:
     def schema(self, schema):
         """A DDL string (``"order_id BIGINT, updated_at TIMESTAMP"``), a list of
         ``"name type"`` strings, or a ``pyarrow.Schema``."""
-        self._schema = schema_columns(schema)
+        columns = schema_columns(schema)
+        # Checked here, as the engine reads it: a bad type is refused at the line that
+        # wrote it, naming the word.
+        _weir.check_schema(columns)
+        self._schema = columns
         return self
 
     def load(self, path=None):
