@@ -307,7 +307,7 @@ impl Steps {
                 };
                 let mut ops = self.stateful.lock().await;
                 match (on_workers, ops.get_mut(stateful)) {
-                    (Some((observe, at)), Some(op)) if op.runs_on_workers() => {
+                    (Some((observe, at)), Some(op)) => {
                         let (plan, schema) = op
                             .plan_on_workers(ctx, df, (query, batch_id), event, observe)
                             .await?;

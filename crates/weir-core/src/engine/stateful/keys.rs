@@ -102,6 +102,13 @@ pub(super) fn encode_value(out: &mut Vec<u8>, col: &ArrayRef, i: usize) {
     }
 }
 
+/// Appends the non-NULL 64-bit integer `v` in the layout of [`encode_value`] (a window's
+/// start in an aggregation's state key), without an array to read it from.
+pub(super) fn encode_i64(out: &mut Vec<u8>, v: i64) {
+    out.push(1);
+    put_i64(out, v);
+}
+
 fn put_i64(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(&v.to_le_bytes());
 }

@@ -103,11 +103,6 @@ impl Operator {
         }
     }
 
-    /// Whether the operator's state partitions can run on a cluster's workers.
-    pub(crate) fn runs_on_workers(&self) -> bool {
-        true
-    }
-
     /// Batch `batch_id`'s rows `df` of query `query` with the operator on top, to run on the
     /// workers (see [`on_workers`]), and the schema of the rows it gives; `observe`: the
     /// watermark's column when its step comes right before.

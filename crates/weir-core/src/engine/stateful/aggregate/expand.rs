@@ -2,15 +2,12 @@
 //! and a worker's tag node: where the aggregation's columns are, each row's windows, the
 //! late (row, window) pairs, and a group's state key.
 
-use std::sync::Arc;
-
-use datafusion::arrow::array::{ArrayRef, Int64Array};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::hll::Sketch;
 use super::{APPEND_NEEDS, AggExpr, Aggregation, Columns, Expiry, KEY, OutputMode};
-use crate::engine::stateful::keys::encode_value;
+use crate::engine::stateful::keys::{encode_i64, encode_value};
 use crate::engine::stateful::watermark::{self, EventTime};
 use crate::error::{Error, Result};
 
@@ -173,8 +170,7 @@ pub(in crate::engine::stateful) fn state_key(
     start: i64,
 ) {
     if shape.windowed() {
-        let s: ArrayRef = Arc::new(Int64Array::from(vec![start]));
-        encode_value(out, &s, 0);
+        encode_i64(out, start);
     }
     for g in &shape.columns.groups {
         encode_value(out, all.column(*g), row);

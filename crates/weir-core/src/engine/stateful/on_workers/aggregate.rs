@@ -34,10 +34,12 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::super::aggregate::{Aggregate, Aggregation, Shape, Sketch, expansions, state_key};
+use super::super::aggregate::{
+    AggExpr, Aggregate, Aggregation, Shape, Sketch, expansions, state_key,
+};
 use super::super::watermark::EventTime;
 use super::super::{OperatorState, StateSettings};
-use super::exec::{keep, load_partition, one_input, one_input_methods, props, state_stream};
+use super::exec::{keep, load_partition, one_input, one_input_methods, props, state_stream, typed};
 use super::orderable;
 use super::{MARK_COL, Meta, PART_COL, nullable};
 use crate::error::{Error, Result};
@@ -118,12 +120,12 @@ impl AggSpec {
         StateConf::new(self.snapshot_every, self.retain)
     }
 
-    /// The shape of a batch of `schema`.
-    fn shape(&self, schema: SchemaRef) -> Result<Shape<'_>> {
-        let exprs = self.aggregation.validate()?;
+    /// The shape of a batch of `schema`, the aggregates parsed as `exprs` (once per task
+    /// partition: [`Aggregation::validate`]).
+    fn shape(&self, exprs: &[AggExpr], schema: SchemaRef) -> Result<Shape<'_>> {
         Shape::of(
             &self.aggregation,
-            &exprs,
+            exprs,
             schema,
             self.event.as_ref(),
             self.sketch,
@@ -171,8 +173,13 @@ impl DisplayAs for AggTagExec {
 }
 
 /// `batch`'s rows expanded and tagged (schema `out`), by `spec`.
-fn expand_and_tag(spec: &AggSpec, out: &SchemaRef, batch: &RecordBatch) -> Result<RecordBatch> {
-    let shape = spec.shape(batch.schema())?;
+fn expand_and_tag(
+    spec: &AggSpec,
+    exprs: &[AggExpr],
+    out: &SchemaRef,
+    batch: &RecordBatch,
+) -> Result<RecordBatch> {
+    let shape = spec.shape(exprs, batch.schema())?;
     let ex = expansions(batch, &shape)?;
     let n = batch.num_rows();
     let mut seen = vec![false; n];
@@ -261,13 +268,11 @@ impl ExecutionPlan for AggTagExec {
         let input = self.input.execute(partition, context)?;
         let schema = self.schema();
         let spec = Arc::clone(&self.spec);
+        let failed = |e: Error| DataFusionError::Execution(crate::error::error_chain(&e));
+        let exprs = spec.aggregation.validate().map_err(failed)?;
         let s = Arc::clone(&schema);
-        let tagged = input.map(move |b| {
-            b.and_then(|b| {
-                expand_and_tag(&spec, &s, &b)
-                    .map_err(|e| DataFusionError::Execution(crate::error::error_chain(&e)))
-            })
-        });
+        let tagged = input
+            .map(move |b| b.and_then(|b| expand_and_tag(&spec, &exprs, &s, &b).map_err(failed)));
         let stream = match partition {
             0 => futures::stream::once(futures::future::ready(markers(
                 &schema,
@@ -356,31 +361,16 @@ async fn run(spec: &AggSpec, all: RecordBatch) -> Result<(Vec<RecordBatch>, Meta
         Error::datafusion("the aggregation's rows", e.into())
     };
     let data_cols = all.num_columns() - 3;
-    let column = |i: usize| all.column(i);
-    let starts_col = column(data_cols)
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .ok_or_else(|| Error::Internal {
-            what: "the window column is not Int64".into(),
-        })?;
-    let tags = column(data_cols + 1)
-        .as_any()
-        .downcast_ref::<UInt32Array>()
-        .ok_or_else(|| Error::Internal {
-            what: "the partition tag is not UInt32".into(),
-        })?;
-    let flags = column(data_cols + 2)
-        .as_any()
-        .downcast_ref::<UInt8Array>()
-        .ok_or_else(|| Error::Internal {
-            what: "the flags are not UInt8".into(),
-        })?;
+    let starts_col: &Int64Array = typed(all.column(data_cols), "the window column")?;
+    let tags: &UInt32Array = typed(all.column(data_cols + 1), "the partition tag")?;
+    let flags: &UInt8Array = typed(all.column(data_cols + 2), "the flags")?;
     let owned: BTreeSet<u32> = tags.values().iter().copied().collect();
     let data_schema = Arc::new(Schema::new(all.schema().fields()[..data_cols].to_vec()));
     let data = all
         .project(&(0..data_cols).collect::<Vec<_>>())
         .map_err(failed)?;
-    let shape = spec.shape(Arc::clone(&data_schema))?;
+    let exprs = spec.aggregation.validate()?;
+    let shape = spec.shape(&exprs, Arc::clone(&data_schema))?;
     let mut meta = Meta::default();
     if let Some(i) = spec.observe {
         let counted: Vec<bool> = flags
@@ -425,11 +415,9 @@ async fn run(spec: &AggSpec, all: RecordBatch) -> Result<(Vec<RecordBatch>, Meta
     let order = lexsort_to_indices(&by, None).map_err(failed)?;
     let taken = take_record_batch(&taken, &order).map_err(failed)?;
     let starts = take(starts.as_ref(), &order, None).map_err(failed)?;
-    let starts: Vec<i64> = starts
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .map(|a| a.values().to_vec())
-        .unwrap_or_default();
+    let starts: Vec<i64> = typed::<Int64Array>(&starts, "the window column")?
+        .values()
+        .to_vec();
 
     let conf = spec.conf()?;
     let storage = StorageOptions::new(spec.storage.clone())?;

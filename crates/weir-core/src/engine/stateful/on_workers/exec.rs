@@ -76,6 +76,16 @@ macro_rules! one_input_methods {
 }
 pub(super) use one_input_methods;
 
+/// `col` as the array type `T` a node of this module put in it; an internal error naming
+/// the column (`what`) otherwise.
+pub(super) fn typed<'a, T: Array + 'static>(col: &'a ArrayRef, what: &str) -> Result<&'a T> {
+    col.as_any()
+        .downcast_ref::<T>()
+        .ok_or_else(|| Error::Internal {
+            what: format!("{what} is {}, not the type its node wrote", col.data_type()),
+        })
+}
+
 /// The one input of a node of this module (`with_new_children`'s argument).
 pub(super) fn one_input(
     children: Vec<Arc<dyn ExecutionPlan>>,
@@ -462,21 +472,9 @@ async fn run(spec: &DedupeSpec, all: RecordBatch) -> Result<(RecordBatch, Meta)>
         Error::datafusion("the deduplication's rows", e.into())
     };
     let data_cols = all.num_columns() - 2;
-    let tags = all
-        .column(data_cols)
-        .as_any()
-        .downcast_ref::<UInt32Array>()
-        .ok_or_else(|| Error::Internal {
-            what: "the partition tag is not UInt32".into(),
-        })?;
+    let tags: &UInt32Array = typed(all.column(data_cols), "the partition tag")?;
     let owned: BTreeSet<u32> = tags.values().iter().copied().collect();
-    let marks = all
-        .column(data_cols + 1)
-        .as_any()
-        .downcast_ref::<BooleanArray>()
-        .ok_or_else(|| Error::Internal {
-            what: "the marker column is not Boolean".into(),
-        })?;
+    let marks: &BooleanArray = typed(all.column(data_cols + 1), "the marker column")?;
     let is_data = datafusion::arrow::compute::not(marks).map_err(failed)?;
     let rows = filter_record_batch(&all, &is_data).map_err(failed)?;
     let rows = rows
